@@ -1,0 +1,3 @@
+from restorepoint._cli import main
+
+main()

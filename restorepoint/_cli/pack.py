@@ -1,0 +1,82 @@
+"""restorepoint pack SOURCE DEST"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import UsageError
+from ..format import Position
+from ..ops import load_config, pack
+from ._common import (
+    human_bytes,
+    parse_pairs,
+    parse_trainer,
+    print_json,
+    progress_bar,
+    run,
+    show_progress,
+)
+
+
+def pack_command(
+    source: Annotated[Path, typer.Argument(help="Checkpoint directory or file.")],
+    dest: Annotated[str, typer.Argument(help="URL of the restore point (path, s3://, gs://).")],
+    step: Annotated[int, typer.Option(min=0, help="Global training step of the checkpoint.")],
+    epoch: Annotated[int | None, typer.Option(min=0, help="Epoch of the position.")] = None,
+    batch: Annotated[
+        int | None,
+        typer.Option(min=0, help="Effective batches of EPOCH fully committed (needs --epoch)."),
+    ] = None,
+    trainer: Annotated[str | None, typer.Option(help="Trainer as NAME=VERSION.")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="Training config: JSON, YAML or TOML.")
+    ] = None,
+    operational: Annotated[
+        list[str] | None,
+        typer.Option(help="Dotted config key left out of the identity (repeatable)."),
+    ] = None,
+    key: Annotated[list[str] | None, typer.Option(help="Cache key K=V (repeatable).")] = None,
+    term: Annotated[
+        list[str] | None, typer.Option(help="Version term K=V that must match on import.")
+    ] = None,
+    cache_root: Annotated[str | None, typer.Option(help="Cache root of the run.")] = None,
+    level: Annotated[
+        int, typer.Option(min=-7, max=22, help="zstd level; 0 stores the payload uncompressed.")
+    ] = 1,
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Pack a checkpoint into a restore point, published atomically at DEST."""
+
+    def body() -> None:
+        if batch is not None and epoch is None:
+            raise UsageError("--batch needs --epoch")
+        position = Position(step=step, epoch=epoch, batch=batch)
+        with progress_bar(show_progress(json_), "packing") as (on_start, advance):
+            result = pack(
+                source,
+                dest,
+                position=position,
+                trainer=parse_trainer(trainer),
+                terms=parse_pairs(term, "--term"),
+                config=load_config(config) if config is not None else None,
+                operational_keys=operational or [],
+                cache_keys=parse_pairs(key, "--key"),
+                cache_root=cache_root,
+                level=level,
+                progress=advance,
+                on_start=on_start,
+            )
+        if json_:
+            print_json(result.to_dict())
+        else:
+            typer.echo(
+                f"packed {result.files} files, {human_bytes(result.bytes)} -> "
+                f"{human_bytes(result.size)} in {result.seconds:.2f} s"
+            )
+            typer.echo(f"sha256 {result.sha256}")
+            typer.echo(result.url)
+
+    run(json_, body)

@@ -1,0 +1,30 @@
+"""restorepoint verify URL"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..ops import verify
+from ._common import human_bytes, print_json, progress_bar, run, show_progress
+
+
+def verify_command(
+    url: Annotated[str, typer.Argument(help="URL of the restore point.")],
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Verify a restore point end to end: structure, manifest, every payload digest."""
+
+    def body() -> None:
+        with progress_bar(show_progress(json_), "verifying") as (on_start, advance):
+            report = verify(url, progress=advance, on_start=on_start)
+        if json_:
+            print_json(report.to_dict())
+        else:
+            typer.echo(
+                f"ok: {report.files} files, {human_bytes(report.bytes)} verified "
+                f"in {report.seconds:.2f} s (step {report.manifest.position.step})"
+            )
+
+    run(json_, body)

@@ -1,0 +1,51 @@
+"""The restore-point container, format v1: bytes <-> objects, no storage of its own.
+
+See spec/restorepoint-v1.md. ``Writer`` streams a restore point into any sink;
+``read_head``, ``read_manifest`` and ``PayloadDecoder`` read one through a range source and a
+stream that the caller supplies."""
+
+from __future__ import annotations
+
+from ._json import CanonicalizationError, canonical_dumps, strict_loads
+from ._layout import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION, MAGIC
+from .codecs import Codec, NoneCodec, ZstdCodec, codec_from_dict, register_codec
+from .identity import ConfigDifference, config_identity, diff_configs, identity_view
+from .manifest import KNOWN_FEATURES, Entry, Manifest, Position, Producer, Trainer
+from .paths import check_path, check_paths, fold
+from .reader import Head, PayloadDecoder, RangeSource, read_head, read_manifest
+from .writer import Sink, Writer
+
+__all__ = [
+    "FORMAT_MAJOR",
+    "FORMAT_MINOR",
+    "FORMAT_VERSION",
+    "KNOWN_FEATURES",
+    "MAGIC",
+    "CanonicalizationError",
+    "Codec",
+    "ConfigDifference",
+    "Entry",
+    "Head",
+    "Manifest",
+    "NoneCodec",
+    "PayloadDecoder",
+    "Position",
+    "Producer",
+    "RangeSource",
+    "Sink",
+    "Trainer",
+    "Writer",
+    "ZstdCodec",
+    "canonical_dumps",
+    "check_path",
+    "check_paths",
+    "codec_from_dict",
+    "config_identity",
+    "diff_configs",
+    "fold",
+    "identity_view",
+    "read_head",
+    "read_manifest",
+    "register_codec",
+    "strict_loads",
+]

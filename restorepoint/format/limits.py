@@ -1,0 +1,45 @@
+"""The explicit limits of format v1 (spec section "Limits"). Readers enforce every one of them
+before they allocate or trust anything; writers never produce an object that breaks one."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CHUNK_SIZE_DEFAULT",
+    "CHUNK_SIZE_MAX",
+    "CHUNK_SIZE_MIN",
+    "GATE_PREFIX_MAX",
+    "MAX_COMPONENT_BYTES",
+    "MAX_ENTRIES",
+    "MAX_HEAD_BYTES",
+    "MAX_INDEX_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_PATH_BYTES",
+    "MAX_SAFE_INTEGER",
+    "zstd_bound",
+]
+
+#: Everything a reader needs for the import gate lies in this many leading bytes.
+GATE_PREFIX_MAX = 1 << 20
+#: The head: the preamble (16 bytes), the head and its digest (32 bytes) fit in GATE_PREFIX_MAX.
+MAX_HEAD_BYTES = GATE_PREFIX_MAX - 16 - 32
+#: The index (the payload table) is read whole before any payload byte is trusted.
+MAX_INDEX_BYTES = 64 << 20
+MAX_ENTRIES = 100_000
+MAX_PATH_BYTES = 4096
+MAX_COMPONENT_BYTES = 255
+#: Nesting depth of any JSON value in the head or index (a config is the deepest part).
+MAX_JSON_DEPTH = 64
+#: Every integer of the format is at most 2**53 - 1: the largest that RFC 8785 (I-JSON) and
+#: every JSON reader represent exactly. Sizes, offsets and their sums are checked against it.
+MAX_SAFE_INTEGER = (1 << 53) - 1
+CHUNK_SIZE_MIN = 1 << 16
+CHUNK_SIZE_MAX = 1 << 26
+#: 4 MiB: large enough that per-chunk overhead vanishes, small enough that a pipeline of a few
+#: chunks keeps memory bounded.
+CHUNK_SIZE_DEFAULT = 1 << 22
+
+
+def zstd_bound(n: int) -> int:
+    """ZSTD_COMPRESSBOUND: the largest single zstd frame that n input bytes can produce."""
+    small = ((128 << 10) - n) >> 11 if n < (128 << 10) else 0
+    return n + (n >> 8) + small

@@ -1,0 +1,361 @@
+"""The manifest: what a restore point says about itself (spec section "The manifest").
+
+On disk the manifest is two canonical JSON documents: the **head**, written first (identity,
+position, everything known before the payload is read), and the **index**, written last (the
+payload table with every file's size and sha256). ``Manifest`` is the logical union of both; a
+Manifest read from a bounded prefix has ``payload is None``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import LimitExceeded, MalformedManifest, UnsupportedFormat
+from ._layout import FORMAT_VERSION
+from .codecs import Codec, codec_from_dict
+from .identity import check_operational_key, config_identity
+from .limits import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN, MAX_ENTRIES, MAX_SAFE_INTEGER
+from .paths import check_paths
+
+__all__ = [
+    "KNOWN_FEATURES",
+    "Entry",
+    "Manifest",
+    "Position",
+    "Producer",
+    "Trainer",
+]
+
+#: Required features this reader implements. Format 1.0 defines none.
+KNOWN_FEATURES: frozenset[str] = frozenset()
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_ID = re.compile(r"^[0-9a-f]{32}$")
+_CREATED = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$")
+_VERSION = re.compile(r"^([0-9]{1,5})\.([0-9]{1,5})$")
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """The trainer that wrote the payload: its name and version."""
+
+    name: str
+    version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version}
+
+
+@dataclass(frozen=True)
+class Producer:
+    """The program that wrote the restore point."""
+
+    name: str
+    version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version}
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: the global step, and optionally the epoch and how many effective
+    (optimizer) batches of that epoch were fully committed."""
+
+    step: int
+    epoch: int | None = None
+    batch: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("step", "epoch", "batch"):
+            value = getattr(self, name)
+            if value is None and name != "step":
+                continue
+            if not _is_int(value) or not 0 <= value <= MAX_SAFE_INTEGER:
+                raise ValueError(f"position {name} must be an integer from 0 to 2**53-1")
+        if self.batch is not None and self.epoch is None:
+            raise ValueError("position batch needs an epoch")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.step}
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
+        if self.batch is not None:
+            out["batch"] = self.batch
+        return out
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One payload file: its path, plain size and sha256, and where its stored bytes lie."""
+
+    path: str
+    size: int
+    sha256: str
+    codec: Codec
+    offset: int
+    stored_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "codec": self.codec.to_dict(),
+            "offset": self.offset,
+            "path": self.path,
+            "sha256": self.sha256,
+            "size": self.size,
+            "stored_size": self.stored_size,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The logical manifest of a restore point (head fields, plus the payload from the index)."""
+
+    id: str
+    created: str
+    producer: Producer
+    position: Position
+    chunk_size: int
+    trainer: Trainer | None = None
+    terms: Mapping[str, str] = field(default_factory=dict)
+    config: Mapping[str, Any] | None = None
+    config_identity: str | None = None
+    operational_keys: tuple[str, ...] = ()
+    cache_keys: Mapping[str, str] = field(default_factory=dict)
+    cache_root: str | None = None
+    required_features: tuple[str, ...] = ()
+    format_version: str = FORMAT_VERSION
+    payload: tuple[Entry, ...] | None = None
+
+    # -- views -------------------------------------------------------------------------------
+
+    @property
+    def total_size(self) -> int:
+        """Plain bytes of the whole payload (needs the index)."""
+        return sum(e.size for e in self._need_payload())
+
+    @property
+    def file_count(self) -> int:
+        return len(self._need_payload())
+
+    def _need_payload(self) -> tuple[Entry, ...]:
+        if self.payload is None:
+            raise ValueError("this manifest was read from the head only; it has no payload table")
+        return self.payload
+
+    def head_dict(self) -> dict[str, Any]:
+        """The head document, as written before the payload."""
+        return {
+            "cache_keys": dict(self.cache_keys),
+            "cache_root": self.cache_root,
+            "chunk_size": self.chunk_size,
+            "config": dict(self.config) if self.config is not None else None,
+            "config_identity": self.config_identity,
+            "created": self.created,
+            "format_version": self.format_version,
+            "id": self.id,
+            "operational_keys": list(self.operational_keys),
+            "position": self.position.to_dict(),
+            "producer": self.producer.to_dict(),
+            "required_features": list(self.required_features),
+            "terms": dict(self.terms),
+            "trainer": self.trainer.to_dict() if self.trainer is not None else None,
+        }
+
+    def index_dict(self, head_sha256: str) -> dict[str, Any]:
+        """The index document, as written after the payload."""
+        return {
+            "head_sha256": head_sha256,
+            "id": self.id,
+            "payload": [e.to_dict() for e in self._need_payload()],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The logical manifest (what ``inspect --json`` prints; the JSON Schema's subject)."""
+        out = self.head_dict()
+        if self.payload is not None:
+            out["payload"] = [e.to_dict() for e in self.payload]
+        return out
+
+    def with_payload(self, payload: Iterable[Entry]) -> Manifest:
+        return replace(self, payload=tuple(payload))
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_head_dict(cls, data: Any) -> Manifest:
+        """Validate a parsed head document (reader step "check the head")."""
+        obj = _obj(data, "head")
+        # Features first: a feature may change what the other fields mean.
+        features = _str_list(obj.get("required_features", None), "required_features")
+        unknown = sorted(set(features) - KNOWN_FEATURES)
+        if unknown:
+            raise UnsupportedFormat(f"unknown required feature(s): {', '.join(unknown)}")
+        version = _str(obj.get("format_version"), "format_version")
+        if not _VERSION.match(version):
+            raise MalformedManifest(f"format_version {version!r} is not MAJOR.MINOR")
+        rp_id = _str(obj.get("id"), "id")
+        if not _ID.match(rp_id):
+            raise MalformedManifest("id must be 32 lowercase hex digits")
+        created = _str(obj.get("created"), "created")
+        if not _CREATED.match(created):
+            raise MalformedManifest("created must be an RFC 3339 UTC time ending in Z")
+        producer = _obj(obj.get("producer"), "producer")
+        trainer_raw = obj.get("trainer", None)
+        trainer = None
+        if trainer_raw is not None:
+            t = _obj(trainer_raw, "trainer")
+            trainer = Trainer(
+                _str(t.get("name"), "trainer.name"), _str(t.get("version"), "trainer.version")
+            )
+        position_raw = _obj(obj.get("position"), "position")
+        try:
+            position = Position(
+                step=position_raw.get("step"),  # type: ignore[arg-type]
+                epoch=position_raw.get("epoch"),
+                batch=position_raw.get("batch"),
+            )
+        except ValueError as exc:
+            raise MalformedManifest(str(exc)) from exc
+        chunk_size = _int(obj.get("chunk_size"), "chunk_size")
+        if not CHUNK_SIZE_MIN <= chunk_size <= CHUNK_SIZE_MAX or chunk_size & (chunk_size - 1):
+            raise LimitExceeded(
+                f"chunk_size {chunk_size} is not a power of two "
+                f"from {CHUNK_SIZE_MIN} to {CHUNK_SIZE_MAX}"
+            )
+        operational = _str_list(obj.get("operational_keys"), "operational_keys")
+        if operational != sorted(set(operational)):
+            raise MalformedManifest("operational_keys must be sorted and unique")
+        try:
+            for key in operational:
+                check_operational_key(key)
+        except ValueError as exc:
+            raise MalformedManifest(str(exc)) from exc
+        config = obj.get("config", None)
+        identity = obj.get("config_identity", None)
+        if config is None:
+            if identity is not None:
+                raise MalformedManifest("config_identity without a config")
+        else:
+            _obj(config, "config")
+            identity = _str(identity, "config_identity")
+            if not _HEX64.match(identity):
+                raise MalformedManifest("config_identity must be 64 lowercase hex digits")
+            recomputed = config_identity(config, operational)
+            if recomputed != identity:
+                raise MalformedManifest(
+                    "config_identity does not match the config and its operational keys",
+                    expected=identity,
+                    found=recomputed,
+                )
+        cache_root = obj.get("cache_root", None)
+        if cache_root is not None:
+            _str(cache_root, "cache_root")
+        return cls(
+            id=rp_id,
+            created=created,
+            producer=Producer(
+                _str(producer.get("name"), "producer.name"),
+                _str(producer.get("version"), "producer.version"),
+            ),
+            position=position,
+            chunk_size=chunk_size,
+            trainer=trainer,
+            terms=_str_map(obj.get("terms"), "terms"),
+            config=config,
+            config_identity=identity,
+            operational_keys=tuple(operational),
+            cache_keys=_str_map(obj.get("cache_keys"), "cache_keys"),
+            cache_root=cache_root,
+            required_features=tuple(features),
+            format_version=version,
+        )
+
+    def payload_from_index_dict(self, data: Any, head_sha256: str) -> Manifest:
+        """Validate a parsed index document against this head; return the full manifest.
+        Offsets and stored sizes are checked by the reader, which knows the object's layout."""
+        obj = _obj(data, "index")
+        if _str(obj.get("head_sha256"), "index.head_sha256") != head_sha256:
+            raise MalformedManifest(
+                "the index belongs to another head (head_sha256 differs)",
+                expected=head_sha256,
+                found=obj.get("head_sha256"),
+            )
+        if obj.get("id") != self.id:
+            raise MalformedManifest(
+                "the index names another restore point id", expected=self.id, found=obj.get("id")
+            )
+        raw = obj.get("payload")
+        if not isinstance(raw, list):
+            raise MalformedManifest("index.payload must be an array")
+        if len(raw) > MAX_ENTRIES:
+            raise LimitExceeded(f"{len(raw)} payload entries; the limit is {MAX_ENTRIES}")
+        entries = []
+        for i, item in enumerate(raw):
+            e = _obj(item, f"payload[{i}]")
+            path = e.get("path")
+            if not isinstance(path, str):
+                raise MalformedManifest(f"payload[{i}].path must be a string")
+            digest = _str(e.get("sha256"), f"payload[{i}].sha256")
+            if not _HEX64.match(digest):
+                raise MalformedManifest(f"payload[{i}].sha256 must be 64 lowercase hex digits")
+            entries.append(
+                Entry(
+                    path=path,
+                    size=_int(e.get("size"), f"payload[{i}].size"),
+                    sha256=digest,
+                    codec=codec_from_dict(e.get("codec")),
+                    offset=_int(e.get("offset"), f"payload[{i}].offset"),
+                    stored_size=_int(e.get("stored_size"), f"payload[{i}].stored_size"),
+                )
+            )
+        check_paths(entry.path for entry in entries)
+        total = 0
+        for entry in entries:
+            total += entry.size
+            if total > MAX_SAFE_INTEGER:
+                raise LimitExceeded("the payload's total size exceeds 2**53-1")
+        return self.with_payload(entries)
+
+
+# -- validation helpers ---------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _obj(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MalformedManifest(f"{name} must be an object")
+    return value
+
+
+def _str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise MalformedManifest(f"{name} must be a string")
+    return value
+
+
+def _int(value: Any, name: str) -> int:
+    if not _is_int(value) or not 0 <= value <= MAX_SAFE_INTEGER:
+        raise MalformedManifest(f"{name} must be an integer from 0 to 2**53-1")
+    assert isinstance(value, int)
+    return value
+
+
+def _str_list(value: Any, name: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise MalformedManifest(f"{name} must be an array of strings")
+    return list(value)
+
+
+def _str_map(value: Any, name: str) -> dict[str, str]:
+    obj = _obj(value, name)
+    for key, item in obj.items():
+        if key == "" or not isinstance(item, str):
+            raise MalformedManifest(f"{name} must map non-empty names to strings")
+    return dict(obj)

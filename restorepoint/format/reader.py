@@ -1,0 +1,326 @@
+"""The reader's algorithm (spec section "Reading"). No storage of its own: it reads through a
+``RangeSource`` (an object's size and byte ranges) and a sequential stream, both supplied by
+the caller, and trusts nothing it has not checked.
+
+- ``read_head``: the identity part, from a bounded prefix (at most GATE_PREFIX_MAX bytes).
+- ``read_manifest``: head, footer and index, with every structural check that can be made
+  without reading the payload.
+- ``PayloadDecoder``: the payload frames, decoded on a thread pool, every file's sha256
+  checked in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol
+
+from ..errors import (
+    DigestMismatch,
+    FramingError,
+    LimitExceeded,
+    MalformedManifest,
+    NotARestorePoint,
+    RestorePointError,
+    TrailingBytes,
+    TruncatedRestorePoint,
+    UnsupportedFormat,
+)
+from ._json import strict_loads
+from ._layout import CHUNK_HEADER, DIGEST_SIZE, END_MAGIC, FOOTER, FORMAT_MAJOR, MAGIC, PREAMBLE
+from .limits import GATE_PREFIX_MAX, MAX_HEAD_BYTES, MAX_INDEX_BYTES
+from .manifest import Entry, Manifest
+
+__all__ = ["Head", "PayloadDecoder", "RangeSource", "read_head", "read_manifest"]
+
+#: First read of an object: most heads are a few KiB, so one request usually suffices.
+FIRST_READ = 64 << 10
+#: Last read of an object: footer and, for most restore points, the whole index.
+TAIL_READ = 256 << 10
+
+
+class RangeSource(Protocol):
+    """An object's size and byte ranges; ``read_range`` returns ``data[start:end]``."""
+
+    @property
+    def size(self) -> int: ...
+
+    def read_range(self, start: int, end: int) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Head:
+    """What the bounded prefix says: the head-only manifest and where the payload starts."""
+
+    manifest: Manifest
+    head_sha256: str
+    data_start: int
+    major: int
+    minor: int
+
+
+def read_head(source: RangeSource) -> Head:
+    """Reader steps 1-4: preamble, head, head digest, head validation. Reads at most
+    GATE_PREFIX_MAX bytes from the start of the object, nothing else."""
+    size = source.size
+    first = source.read_range(0, min(size, FIRST_READ))
+    if len(first) < len(MAGIC) or first[: len(MAGIC)] != MAGIC:
+        if len(first) < len(MAGIC) and MAGIC.startswith(first):
+            raise TruncatedRestorePoint(
+                f"the object ends at byte {size}, inside the magic", offset=size
+            )
+        raise NotARestorePoint("not a restore point (wrong magic)", offset=0)
+    if len(first) < PREAMBLE.size:
+        raise TruncatedRestorePoint(
+            f"the object ends at byte {size}, inside the preamble", offset=size
+        )
+    _, major, minor, head_length = PREAMBLE.unpack_from(first)
+    if major != FORMAT_MAJOR:
+        raise UnsupportedFormat(
+            f"format version {major}.{minor} is not supported (this reader reads {FORMAT_MAJOR}.x)",
+            expected=FORMAT_MAJOR,
+            found=major,
+        )
+    if head_length == 0 or head_length > MAX_HEAD_BYTES:
+        raise LimitExceeded(f"head length {head_length} is outside 1..{MAX_HEAD_BYTES}", offset=12)
+    data_start = PREAMBLE.size + head_length + DIGEST_SIZE
+    assert data_start <= GATE_PREFIX_MAX
+    if data_start > size:
+        raise TruncatedRestorePoint(
+            f"the object ends at byte {size}, inside the head (which ends at {data_start})",
+            offset=size,
+        )
+    prefix = (
+        first if len(first) >= data_start else first + source.read_range(len(first), data_start)
+    )
+    if len(prefix) < data_start:
+        raise TruncatedRestorePoint(
+            f"the object ends at byte {len(prefix)}, inside the head", offset=len(prefix)
+        )
+    head_bytes = prefix[PREAMBLE.size : PREAMBLE.size + head_length]
+    recorded = prefix[PREAMBLE.size + head_length : data_start]
+    digest = hashlib.sha256(head_bytes).digest()
+    if digest != recorded:
+        raise DigestMismatch(
+            "head digest differs",
+            member="(head)",
+            expected=recorded.hex(),
+            found=digest.hex(),
+            offset=PREAMBLE.size + head_length,
+        )
+    manifest = Manifest.from_head_dict(strict_loads(head_bytes, "head"))
+    if manifest.format_version != f"{major}.{minor}":
+        raise MalformedManifest(
+            f"head says format {manifest.format_version}, the preamble {major}.{minor}"
+        )
+    return Head(manifest, digest.hex(), data_start, major, minor)
+
+
+def read_manifest(source: RangeSource, head: Head | None = None) -> tuple[Head, Manifest]:
+    """Reader steps 1-8: head, footer, index, and the layout checks (offsets contiguous, stored
+    sizes within the codec's bounds, nothing after the footer). Reads no payload byte."""
+    head = head or read_head(source)
+    size = source.size
+    min_size = head.data_start + FOOTER.size
+    if size < min_size:
+        raise TruncatedRestorePoint(
+            f"the object ends at byte {size}, before a footer could start", offset=size
+        )
+    tail_start = max(head.data_start, size - TAIL_READ)
+    tail = source.read_range(tail_start, size)
+    if len(tail) != size - tail_start:
+        raise TruncatedRestorePoint("the object is shorter than its reported size", offset=size)
+    footer = tail[-FOOTER.size :]
+    index_offset, index_length, index_sha, reserved, end = FOOTER.unpack(footer)
+    if end != END_MAGIC:
+        _no_footer(tail, tail_start, size, head.data_start)
+    if reserved != 0:
+        raise FramingError("footer reserved field is not zero", offset=size - 16)
+    if index_length > MAX_INDEX_BYTES:
+        raise LimitExceeded(
+            f"index length {index_length} exceeds {MAX_INDEX_BYTES}", offset=size - FOOTER.size + 8
+        )
+    footer_start = size - FOOTER.size
+    if index_offset < head.data_start or index_offset + index_length != footer_start:
+        raise FramingError(
+            f"footer places the index at {index_offset}+{index_length}, "
+            f"but the footer starts at {footer_start}",
+            offset=footer_start,
+        )
+    if index_offset >= tail_start:
+        index_bytes = tail[index_offset - tail_start : footer_start - tail_start]
+    else:
+        index_bytes = source.read_range(index_offset, footer_start)
+        if len(index_bytes) != index_length:
+            raise TruncatedRestorePoint("the object ends inside the index", offset=size)
+    digest = hashlib.sha256(index_bytes).digest()
+    if digest != index_sha:
+        raise DigestMismatch(
+            "index digest differs",
+            member="(index)",
+            expected=index_sha.hex(),
+            found=digest.hex(),
+            offset=index_offset,
+        )
+    manifest = head.manifest.payload_from_index_dict(
+        strict_loads(index_bytes, "index"), head.head_sha256
+    )
+    _check_layout(manifest, head.data_start, index_offset)
+    return head, manifest
+
+
+def _no_footer(tail: bytes, tail_start: int, size: int, data_start: int) -> None:
+    """No footer at the very end: either the object is cut short, or something was appended
+    after a complete restore point. The second is told apart by a consistent footer earlier."""
+    pos = tail.rfind(END_MAGIC)
+    while pos != -1:
+        end = tail_start + pos + len(END_MAGIC)
+        start = end - FOOTER.size
+        if start >= tail_start and start >= data_start:
+            index_offset, index_length, _, _, _ = FOOTER.unpack(
+                tail[pos + 8 - FOOTER.size : pos + 8]
+            )
+            if index_offset + index_length == start:
+                raise TrailingBytes(
+                    f"{size - end} bytes follow the footer that ends at byte {end}", offset=end
+                )
+        pos = tail.rfind(END_MAGIC, 0, pos)
+    raise TruncatedRestorePoint(
+        f"no footer at the end of the object (byte {size}): truncated or still being written",
+        offset=size,
+    )
+
+
+def chunk_count(size: int, chunk_size: int) -> int:
+    return -(-size // chunk_size)
+
+
+def _check_layout(manifest: Manifest, data_start: int, index_offset: int) -> None:
+    expected_offset = data_start
+    assert manifest.payload is not None
+    for entry in manifest.payload:
+        if entry.offset != expected_offset:
+            raise FramingError(
+                f"stored bytes start at {entry.offset}, expected {expected_offset}",
+                member=entry.path,
+                expected=expected_offset,
+                found=entry.offset,
+            )
+        n = chunk_count(entry.size, manifest.chunk_size)
+        last = entry.size - (n - 1) * manifest.chunk_size if n else 0
+        lowest = n * CHUNK_HEADER.size
+        highest = lowest
+        if n:
+            highest += (n - 1) * entry.codec.max_stored(manifest.chunk_size)
+            highest += entry.codec.max_stored(last)
+        if not lowest <= entry.stored_size <= highest:
+            raise FramingError(
+                f"stored size {entry.stored_size} is impossible for {entry.size} bytes "
+                f"in {n} chunks with codec {entry.codec.name}",
+                member=entry.path,
+            )
+        expected_offset += entry.stored_size
+    if expected_offset != index_offset:
+        raise FramingError(
+            f"payload ends at {expected_offset}, but the index starts at {index_offset}",
+            expected=index_offset,
+            found=expected_offset,
+        )
+
+
+class PayloadDecoder:
+    """Decode the payload frames of a checked manifest from a sequential stream that starts at
+    the first entry's offset. ``events()`` yields ``(entry, plain_chunk)`` for each chunk, in
+    order, and ``(entry, None)`` once an entry's sha256 has been checked. Decoding runs on a
+    pool of ``threads``; at most ``2 * threads`` chunks are in flight."""
+
+    def __init__(self, manifest: Manifest, stream: BinaryIO, *, threads: int = 2) -> None:
+        assert manifest.payload is not None
+        self.manifest = manifest
+        self.stream = stream
+        self.threads = max(1, threads)
+        self.position = manifest.payload[0].offset if manifest.payload else 0
+
+    def _read(self, n: int, entry: Entry) -> bytes:
+        data = self.stream.read(n)
+        if len(data) != n:
+            raise TruncatedRestorePoint(
+                f"the object ends inside the stored bytes (at byte {self.position + len(data)})",
+                member=entry.path,
+                offset=self.position + len(data),
+            )
+        self.position += n
+        return data
+
+    def events(self) -> Iterator[tuple[Entry, bytes | None]]:
+        assert self.manifest.payload is not None
+        chunk_size = self.manifest.chunk_size
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rp-decode")
+        inflight: deque[tuple[Entry, Future[bytes] | None, int]] = deque()
+        hashes: dict[str, hashlib._Hash] = {}
+        try:
+            for entry in self.manifest.payload:
+                hashes[entry.path] = hashlib.sha256()
+                n = chunk_count(entry.size, chunk_size)
+                left_plain = entry.size
+                left_stored = entry.stored_size
+                for i in range(n):
+                    plain = min(chunk_size, left_plain)
+                    left_plain -= plain
+                    header = self._read(CHUNK_HEADER.size, entry)
+                    (stored_len,) = CHUNK_HEADER.unpack(header)
+                    left_stored -= CHUNK_HEADER.size
+                    reserve = (n - 1 - i) * CHUNK_HEADER.size
+                    if (
+                        stored_len > entry.codec.max_stored(plain)
+                        or stored_len > left_stored - reserve
+                    ):
+                        raise FramingError(
+                            f"chunk {i} declares {stored_len} stored bytes, more than possible",
+                            member=entry.path,
+                            offset=self.position - CHUNK_HEADER.size,
+                        )
+                    stored = self._read(stored_len, entry)
+                    left_stored -= stored_len
+                    inflight.append((entry, pool.submit(entry.codec.decode, stored, plain), i))
+                    while len(inflight) > 2 * self.threads:
+                        yield from self._settle(inflight.popleft(), hashes)
+                if left_stored != 0:
+                    raise FramingError(
+                        f"chunk frames use {entry.stored_size - left_stored} of "
+                        f"{entry.stored_size} stored bytes",
+                        member=entry.path,
+                    )
+                inflight.append((entry, None, n))
+            while inflight:
+                yield from self._settle(inflight.popleft(), hashes)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _settle(
+        self, item: tuple[Entry, Future[bytes] | None, int], hashes: dict[str, hashlib._Hash]
+    ) -> Iterator[tuple[Entry, bytes | None]]:
+        entry, future, index = item
+        if future is None:
+            found = hashes.pop(entry.path).hexdigest()
+            if found != entry.sha256:
+                raise DigestMismatch(
+                    "payload digest differs",
+                    member=entry.path,
+                    expected=entry.sha256,
+                    found=found,
+                )
+            yield entry, None
+            return
+        try:
+            plain = future.result()
+        except RestorePointError as exc:
+            if exc.member is None:
+                exc.member = entry.path
+                exc.message = f"chunk {index}: {exc.message}"
+            raise
+        hashes[entry.path].update(plain)
+        yield entry, plain

@@ -1,0 +1,86 @@
+"""Config files: JSON, YAML or TOML, read with real parsers, checked to be JSON data."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError, NotFound
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["check_json_data", "load_config"]
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Parse a config file by its suffix (.json, .yaml/.yml, .toml; anything else is tried as
+    JSON, then YAML). The top level must be a mapping of JSON-representable values."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NotFound("config file not found", url=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the config file ({exc})", url=str(path)) from None
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        elif suffix == ".json":
+            data = json.loads(text, parse_constant=_reject_constant)
+        else:
+            try:
+                data = json.loads(text, parse_constant=_reject_constant)
+            except json.JSONDecodeError:
+                data = yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError, tomllib.TOMLDecodeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"not a valid config file ({first})", url=str(path)) from None
+    if not isinstance(data, Mapping):
+        raise ConfigError("the config's top level must be a mapping", url=str(path))
+    try:
+        checked: dict[str, Any] = check_json_data(data)
+        return checked
+    except ConfigError as exc:
+        raise ConfigError(exc.message, url=str(path)) from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON data")
+
+
+def check_json_data(value: Any, where: str = "") -> Any:
+    """Return ``value`` as plain JSON data (dict/list/str/int/float/bool/None), or raise
+    ConfigError naming the dotted path of the first value JSON cannot represent exactly."""
+    label = where or "(root)"
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"config key {key!r} at {label} is not a string")
+            out[key] = check_json_data(item, f"{where}.{key}" if where else key)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [check_json_data(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        if abs(value) > (1 << 53) - 1:
+            raise ConfigError(f"config value at {label} is an integer beyond 2**53-1")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"config value at {label} is not a finite number")
+        return value
+    raise ConfigError(f"config value at {label} is a {type(value).__name__}, not JSON data")

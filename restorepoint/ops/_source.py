@@ -1,0 +1,81 @@
+"""The pack source: a directory (packed recursively) or one file, listed before any byte is
+read so that every path rule is checked up front and sizes are known."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from ..errors import MalformedManifest, NotFound, SourceError
+from ..format import check_paths
+
+__all__ = ["SourceFile", "list_source"]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str  # payload path: relative, "/"-separated
+    location: str  # where to read it
+    size: int
+
+
+def list_source(source: str) -> list[SourceFile]:
+    """Every regular file under ``source`` in payload order. Symbolic links are followed only
+    when they lead to a regular file inside the source; anything else that is not a regular
+    file (a link out of the source, a FIFO, a device, a socket) is refused."""
+    try:
+        st = os.stat(source)
+    except FileNotFoundError:
+        raise NotFound("source not found", url=source) from None
+    except OSError as exc:
+        raise SourceError(f"cannot read the source ({exc.strerror})", url=source) from None
+    if stat.S_ISREG(st.st_mode):
+        files = [SourceFile(os.path.basename(os.path.abspath(source)), source, st.st_size)]
+    elif stat.S_ISDIR(st.st_mode):
+        files = _walk(source)
+    else:
+        raise SourceError("the source is neither a regular file nor a directory", url=source)
+    files.sort(key=lambda f: f.path.encode("utf-8", errors="surrogateescape"))
+    try:
+        check_paths(f.path for f in files)
+    except MalformedManifest as exc:
+        raise SourceError(f"cannot be packed: {exc.message}", url=source) from None
+    return files
+
+
+def _walk(root: str) -> list[SourceFile]:
+    real_root = os.path.realpath(root)
+    out: list[SourceFile] = []
+
+    def fail(where: str, why: str) -> SourceError:
+        return SourceError(why, url=os.path.join(root, where))
+
+    def onerror(exc: OSError) -> None:
+        raise SourceError(f"cannot read ({exc.strerror})", url=exc.filename)
+
+    for directory, dirs, names in os.walk(root, onerror=onerror, followlinks=False):
+        rel_dir = os.path.relpath(directory, root)
+        for name in list(dirs):
+            full = os.path.join(directory, name)
+            if os.path.islink(full):
+                raise fail(
+                    os.path.join(rel_dir, name), "symbolic link to a directory is not packed"
+                )
+        for name in names:
+            full = os.path.join(directory, name)
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            lst = os.lstat(full)
+            if stat.S_ISLNK(lst.st_mode):
+                target = os.path.realpath(full)
+                if os.path.commonpath([real_root, target]) != real_root:
+                    raise fail(rel, "symbolic link leads out of the source")
+                try:
+                    lst = os.stat(target)
+                except FileNotFoundError:
+                    raise fail(rel, "dangling symbolic link") from None
+                full = target
+            if not stat.S_ISREG(lst.st_mode):
+                raise fail(rel, "not a regular file (FIFO, socket or device)")
+            out.append(SourceFile(rel.replace(os.sep, "/"), full, lst.st_size))
+    return out

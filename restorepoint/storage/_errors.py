@@ -1,0 +1,89 @@
+"""Translate at the boundary: fsspec, botocore, aiohttp and OS errors become restorepoint's
+StorageError tree here and nowhere else, with ``raise ... from exc`` so the cause is kept."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..errors import (
+    AlreadyExists,
+    MissingExtra,
+    NotFound,
+    PermissionDenied,
+    RestorePointError,
+    StorageError,
+    StorageUnavailable,
+)
+
+#: Which extra brings the fsspec implementation of a protocol.
+EXTRAS = {
+    "s3": ("s3fs", "s3"),
+    "s3a": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"),
+    "gcs": ("gcsfs", "gcs"),
+}
+
+_RETRYABLE_NAMES = {
+    # botocore / aiobotocore / aiohttp / requests class names: matched by name so that none of
+    # these optional packages has to be imported to classify its errors.
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ConnectionClosedError",
+    "ClientConnectorError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+    "ClientPayloadError",
+    "ServerTimeoutError",
+    "HttpError",
+    "RetryError",
+}
+
+
+def translate(exc: BaseException, url: str) -> RestorePointError:
+    """The StorageError (or MissingExtra) that stands for ``exc`` on ``url``."""
+    if isinstance(exc, RestorePointError):
+        return exc
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError):
+        return NotFound("not found", url=url)
+    if isinstance(exc, PermissionError):
+        return PermissionDenied(f"permission denied ({detail})", url=url)
+    if isinstance(exc, FileExistsError):
+        return AlreadyExists("already exists", url=url)
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _RETRYABLE_NAMES or isinstance(exc, (ConnectionError, TimeoutError)):
+        return StorageUnavailable(f"storage unreachable or failing ({detail})", url=url)
+    if isinstance(exc, OSError):
+        if exc.errno == errno.ENOSPC:
+            return StorageError("no space left on the device", url=url)
+        if exc.errno in (errno.EROFS,):
+            return PermissionDenied("read-only file system", url=url)
+        if exc.errno in (errno.ENOTDIR, errno.EISDIR):
+            return StorageError(f"not a file ({detail})", url=url)
+        return StorageError(detail, url=url)
+    return StorageError(f"{type(exc).__name__}: {detail}", url=url)
+
+
+@contextmanager
+def translating(url: str) -> Iterator[None]:
+    """Run a block of storage calls; what they raise leaves as a RestorePointError."""
+    try:
+        yield
+    except RestorePointError:
+        raise
+    except (OSError, ValueError, RuntimeError, TimeoutError) as exc:
+        raise translate(exc, url) from exc
+    except Exception as exc:
+        # botocore's ClientError and friends are plain Exceptions; anything an fsspec
+        # implementation raises is a storage failure from our point of view.
+        raise translate(exc, url) from exc
+
+
+def missing_extra(protocol: str, exc: BaseException) -> RestorePointError:
+    module, extra = EXTRAS.get(protocol, (protocol, "all"))
+    err = MissingExtra(module, extra, f"{protocol}:// URLs")
+    err.__cause__ = exc
+    return err

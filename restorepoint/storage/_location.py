@@ -1,0 +1,389 @@
+"""A URL -> a location: one object in some storage, with the abilities of its backend.
+
+The publish protocol is chosen from declared abilities, not from protocol names scattered
+through the code (spec section "Publishing"):
+
+- ``atomic_rename`` (POSIX file systems): write a temporary file in the same directory, fsync
+  it, rename it over the final name, fsync the directory.
+- ``deferred_commit`` (S3, GCS): stream a multipart / resumable upload under the final name and
+  complete it only after the last byte; the store replaces the object only when an upload
+  completes. On failure the upload is aborted, never completed, and a SIGKILL leaves only an
+  incomplete upload that no reader can see.
+- neither (memory and other fsspec backends): stage under a temporary name, then move it into
+  place; the result is as atomic as the backend's move.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol
+
+from ..errors import StorageError, UsageError
+from ._errors import missing_extra, translating
+
+__all__ = [
+    "PARTIAL_MARK",
+    "Abilities",
+    "Location",
+    "ObjectReader",
+    "Publisher",
+    "is_partial_name",
+    "resolve",
+]
+
+#: Every temporary name a publisher creates contains this mark and starts with a dot, so that
+#: listings never take a leftover for a restore point and cleanups can find it.
+PARTIAL_MARK = ".rp-partial-"
+
+
+def is_partial_name(name: str) -> bool:
+    return name.startswith(".") and PARTIAL_MARK in name
+
+
+def partial_name(final: str) -> str:
+    return f".{final}{PARTIAL_MARK}{os.getpid()}-{secrets.token_hex(6)}"
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What a backend guarantees; the publish protocol follows from these."""
+
+    atomic_rename: bool = False
+    deferred_commit: bool = False
+    create_only: bool = False
+    listing_cache: bool = False
+
+
+_ABILITIES: dict[str, Abilities] = {
+    "file": Abilities(atomic_rename=True, create_only=True),
+    "s3": Abilities(deferred_commit=True, create_only=True, listing_cache=True),
+    # gcsfs can ask for a create-only upload, but the GCS emulator does not honour it, so
+    # nothing here relies on it for safety.
+    "gcs": Abilities(deferred_commit=True, listing_cache=True),
+}
+_ALIASES = {"s3a": "s3", "gs": "gcs", "local": "file"}
+
+
+class ObjectReader(Protocol):
+    """Read access to one object: its size, byte ranges, and a sequential stream."""
+
+    url: str
+
+    @property
+    def size(self) -> int: ...
+
+    def read_range(self, start: int, end: int) -> bytes: ...
+
+    def open_stream(self, start: int) -> BinaryIO: ...
+
+    def close(self) -> None: ...
+
+
+class Publisher(Protocol):
+    """Bytes in, then exactly one of ``commit`` (visible under the final name, atomically) or
+    ``discard`` (nothing visible, the previous object untouched)."""
+
+    def write(self, data: bytes, /) -> None: ...
+
+    def commit(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+class Location:
+    """One object's URL resolved to a backend. Construct with ``resolve(url)``."""
+
+    url: str
+    abilities: Abilities
+
+    def reader(self) -> ObjectReader:
+        raise NotImplementedError
+
+    def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def publish(self, *, size_hint: int = 0, create_only: bool = False) -> Iterator[Publisher]:
+        """Commit when the block ends normally; discard on any exception (even
+        KeyboardInterrupt), so an error can never publish a partial object."""
+        pub = self.publisher(size_hint=size_hint, create_only=create_only)
+        try:
+            yield pub
+        except BaseException:
+            with contextlib.suppress(Exception):
+                pub.discard()
+            raise
+        pub.commit()
+
+
+# -- local files ----------------------------------------------------------------------------
+
+
+class _LocalReader:
+    def __init__(self, url: str, path: str) -> None:
+        self.url = url
+        with translating(url):
+            # One descriptor for every read: a rename over the path while we read cannot mix
+            # two objects.
+            self._file = open(path, "rb", buffering=0)  # noqa: SIM115
+            st = os.fstat(self._file.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            self._file.close()
+            raise StorageError("not a regular file", url=url)
+        self._size = st.st_size
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_range(self, start: int, end: int) -> bytes:
+        with translating(self.url):
+            return os.pread(self._file.fileno(), max(0, end - start), start)
+
+    def open_stream(self, start: int) -> BinaryIO:
+        with translating(self.url):
+            fd = os.dup(self._file.fileno())
+            stream = os.fdopen(fd, "rb", buffering=1 << 20)
+            stream.seek(start)
+            return stream
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _LocalPublisher:
+    def __init__(self, url: str, path: str, create_only: bool) -> None:
+        self.url = url
+        self.path = path
+        self.create_only = create_only
+        self.directory = os.path.dirname(path) or "."
+        with translating(url):
+            os.makedirs(self.directory, exist_ok=True)
+            self.temp = os.path.join(self.directory, partial_name(os.path.basename(path)))
+            self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+
+    def write(self, data: bytes) -> None:
+        with translating(self.url):
+            view = memoryview(data)
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+
+    def commit(self) -> None:
+        with translating(self.url):
+            os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+            if self.create_only:
+                # link() fails if the name exists: a create-only publish never replaces.
+                os.link(self.temp, self.path)
+                os.unlink(self.temp)
+            else:
+                os.replace(self.temp, self.path)
+            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def discard(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+        with contextlib.suppress(OSError):
+            os.unlink(self.temp)
+
+
+class LocalLocation(Location):
+    def __init__(self, url: str, path: str) -> None:
+        self.url = url
+        self.path = os.path.abspath(path)
+        self.abilities = _ABILITIES["file"]
+
+    def reader(self) -> ObjectReader:
+        return _LocalReader(self.url, self.path)
+
+    def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
+        return _LocalPublisher(self.url, self.path, create_only)
+
+
+# -- fsspec ---------------------------------------------------------------------------------
+
+_STREAM_BLOCK = 8 << 20
+
+
+class _FsspecReader:
+    def __init__(self, url: str, fs: Any, path: str) -> None:
+        self.url = url
+        self.fs = fs
+        self.path = path
+        self._streams: list[Any] = []
+        with translating(url):
+            # Listing caches (s3fs, gcsfs) may hold an older size: ask the store itself.
+            fs.invalidate_cache(path)
+            info = fs.info(path)
+        if info.get("type") not in (None, "file"):
+            raise StorageError(f"not an object ({info.get('type')})", url=url)
+        self._size = int(info["size"])
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_range(self, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        with translating(self.url):
+            return bytes(self.fs.cat_file(self.path, start=start, end=end))
+
+    def open_stream(self, start: int) -> BinaryIO:
+        with translating(self.url):
+            stream = self.fs.open(self.path, "rb", block_size=_STREAM_BLOCK, cache_type="readahead")
+            stream.seek(start)
+        self._streams.append(stream)
+        return _TranslatingStream(stream, self.url)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for s in self._streams:
+            with contextlib.suppress(Exception):
+                s.close()
+        self._streams.clear()
+
+
+class _TranslatingStream:
+    """A read stream whose storage errors arrive as StorageError."""
+
+    def __init__(self, inner: Any, url: str) -> None:
+        self._inner = inner
+        self._url = url
+
+    def read(self, n: int = -1) -> bytes:
+        with translating(self._url):
+            return bytes(self._inner.read(n))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._inner.close()
+
+    def __enter__(self) -> _TranslatingStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _DeferredPublisher:
+    """Multipart / resumable upload under the final name, completed only by ``commit``."""
+
+    def __init__(self, url: str, fs: Any, path: str, size_hint: int, create_only: bool) -> None:
+        self.url = url
+        # S3 allows 10,000 parts; 16 MiB parts cover 160 GB, larger objects get larger parts.
+        block = max(16 << 20, -(-size_hint // 9000))
+        block = -(-block // (1 << 20)) << 20
+        with translating(url):
+            self.file = fs.open(
+                path, "xb" if create_only else "wb", autocommit=False, block_size=block
+            )
+
+    def write(self, data: bytes) -> None:
+        with translating(self.url):
+            self.file.write(data)
+
+    def commit(self) -> None:
+        with translating(self.url):
+            self.file.close()
+            self.file.commit()
+
+    def discard(self) -> None:
+        with contextlib.suppress(Exception):
+            self.file.discard()
+        # Never let close() (or garbage collection calling it) upload or commit anything.
+        self.file.closed = True
+
+
+class _StagedPublisher:
+    """Write under a temporary name, then move into place."""
+
+    def __init__(self, url: str, fs: Any, path: str, create_only: bool) -> None:
+        self.url = url
+        self.fs = fs
+        self.path = path
+        self.create_only = create_only
+        parent, _, name = path.rpartition("/")
+        self.temp = f"{parent}/{partial_name(name)}" if parent else partial_name(name)
+        with translating(url):
+            if parent:
+                fs.makedirs(parent, exist_ok=True)
+            self.file = fs.open(self.temp, "wb")
+
+    def write(self, data: bytes) -> None:
+        with translating(self.url):
+            self.file.write(data)
+
+    def commit(self) -> None:
+        with translating(self.url):
+            self.file.close()
+            if self.create_only and self.fs.exists(self.path):
+                self.fs.rm(self.temp)
+                raise FileExistsError(self.path)
+            self.fs.mv(self.temp, self.path)
+
+    def discard(self) -> None:
+        with contextlib.suppress(Exception):
+            self.file.close()
+        with contextlib.suppress(Exception):
+            self.fs.rm(self.temp)
+
+
+class FsspecLocation(Location):
+    def __init__(self, url: str, fs: Any, path: str, protocol: str) -> None:
+        self.url = url
+        self.fs = fs
+        self.path = path
+        self.protocol = protocol
+        self.abilities = _ABILITIES.get(protocol, Abilities())
+
+    def reader(self) -> ObjectReader:
+        return _FsspecReader(self.url, self.fs, self.path)
+
+    def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
+        if self.abilities.deferred_commit:
+            return _DeferredPublisher(self.url, self.fs, self.path, size_hint, create_only)
+        return _StagedPublisher(self.url, self.fs, self.path, create_only)
+
+
+def _protocol_of(url: str) -> str:
+    if "://" not in url:
+        return "file"
+    proto = url.split("://", 1)[0].split("::", maxsplit=1)[0].lower()
+    return _ALIASES.get(proto, proto)
+
+
+def resolve(url: str, storage_options: dict[str, Any] | None = None) -> Location:
+    """The Location for ``url``: a local path, file://, s3://, gs://, memory://, or any URL
+    that fsspec knows. ``storage_options`` go to the fsspec filesystem (endpoint,
+    credentials); fsspec's own configuration (``FSSPEC_S3_...`` variables) applies too."""
+    if not isinstance(url, str) or not url:
+        raise UsageError("empty URL")
+    protocol = _protocol_of(url)
+    if protocol == "file" and "::" not in url:
+        path = url[len("file://") :] if url.startswith("file://") else url
+        return LocalLocation(url, path)
+    try:
+        import fsspec.core
+    except ImportError as exc:  # pragma: no cover - fsspec is a runtime dependency
+        raise missing_extra(protocol, exc) from exc
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as exc:
+        raise missing_extra(protocol, exc) from exc
+    except ValueError as exc:
+        raise UsageError(f"{url}: unsupported URL ({exc})") from exc
+    fs_protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return FsspecLocation(url, fs, path, _ALIASES.get(fs_protocol, fs_protocol))

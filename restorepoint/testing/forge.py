@@ -1,0 +1,189 @@
+"""Forge restore points byte by byte, for tests, golden vectors and fuzzing.
+
+The real writer cannot produce a broken object; a test of a reader needs objects with exactly
+one fault. ``Parts`` holds every piece of an object as data that a test may change; ``assemble``
+lays them out and, unless told otherwise, recomputes everything that depends on what changed
+(digests, offsets, lengths), so the one fault a test plants is the only one.
+
+    parts = Parts.sample()                       # a small valid restore point
+    parts.head["position"]["step"] = -1          # one fault: schema
+    data = assemble(parts)                       # digests recomputed: only the fault remains
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..format._json import canonical_dumps
+from ..format._layout import (
+    CHUNK_HEADER,
+    END_MAGIC,
+    FOOTER,
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    FORMAT_VERSION,
+    MAGIC,
+    PREAMBLE,
+)
+from ..format.codecs import codec_from_dict
+from ..format.identity import config_identity
+
+__all__ = ["ForgedEntry", "Parts", "assemble", "sample_head"]
+
+FIXED_ID = "0123456789abcdef0123456789abcdef"
+FIXED_CREATED = "2026-01-01T00:00:00.000Z"
+
+
+def sample_head(**overrides: Any) -> dict[str, Any]:
+    """A valid head document with fixed id and time (deterministic bytes)."""
+    config = {"lr": 0.001, "model": {"width": 64}, "train": {"checkpoint_every": 500}}
+    operational = ["train.checkpoint_every"]
+    head: dict[str, Any] = {
+        "cache_keys": {"dataset": "sha256:" + "ab" * 32},
+        "cache_root": "/cache",
+        "chunk_size": 65536,
+        "config": config,
+        "config_identity": config_identity(config, operational),
+        "created": FIXED_CREATED,
+        "format_version": FORMAT_VERSION,
+        "id": FIXED_ID,
+        "operational_keys": operational,
+        "position": {"batch": 3, "epoch": 1, "step": 1500},
+        "producer": {"name": "restorepoint", "version": "0.0.0-vectors"},
+        "required_features": [],
+        "terms": {"cuda": "12.4", "torch": "2.13.0"},
+        "trainer": {"name": "fake-trainer", "version": "1.0.0"},
+    }
+    head.update(overrides)
+    return head
+
+
+@dataclass
+class ForgedEntry:
+    """One payload file: its index fields and its stored chunk frames (stored bytes each)."""
+
+    path: str
+    size: int
+    sha256: str
+    codec: dict[str, Any]
+    stored_chunks: list[bytes]
+    #: frame headers as written; None means "the length of each stored chunk"
+    stored_lengths: list[int] | None = None
+    #: extra index fields, or fields to replace (``offset``/``stored_size`` override layout)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_bytes(
+        cls, path: str, data: bytes, *, codec: dict[str, Any] | None = None, chunk_size: int = 65536
+    ) -> ForgedEntry:
+        codec = codec or {"name": "none"}
+        impl = codec_from_dict(codec)
+        chunks = [impl.encode(data[i : i + chunk_size]) for i in range(0, len(data), chunk_size)]
+        return cls(path, len(data), hashlib.sha256(data).hexdigest(), codec, chunks)
+
+    def frames(self) -> bytes:
+        lengths = self.stored_lengths or [len(c) for c in self.stored_chunks]
+        return b"".join(
+            CHUNK_HEADER.pack(n) + chunk
+            for n, chunk in zip(lengths, self.stored_chunks, strict=True)
+        )
+
+
+@dataclass
+class Parts:
+    """Every piece of a restore point. ``None`` in an override means: compute it."""
+
+    head: dict[str, Any]
+    entries: list[ForgedEntry]
+    magic: bytes = MAGIC
+    major: int = FORMAT_MAJOR
+    minor: int = FORMAT_MINOR
+    head_bytes: bytes | None = None  # raw head instead of canonical(head)
+    head_length: int | None = None  # declared length instead of len(head bytes)
+    head_digest: bytes | None = None
+    index_extra: dict[str, Any] = field(default_factory=dict)  # fields added to the index
+    index_bytes: bytes | None = None
+    index_digest: bytes | None = None
+    index_offset: int | None = None
+    index_length: int | None = None
+    reserved: int = 0
+    end_magic: bytes = END_MAGIC
+    trailing: bytes = b""
+
+    @classmethod
+    def sample(
+        cls,
+        files: dict[str, bytes] | None = None,
+        codec: dict[str, Any] | None = None,
+        **head_overrides: Any,
+    ) -> Parts:
+        head = sample_head(**head_overrides)
+        if files is None:
+            files = {
+                "model.pt": bytes(range(256)) * 300,  # two chunks at 64 KiB
+                "optimizer.pt": b"\x00" * 1000,
+                "trainer_state.json": b'{"step": 1500}',
+            }
+        entries = [
+            ForgedEntry.from_bytes(p, files[p], codec=codec, chunk_size=head["chunk_size"])
+            for p in sorted(files, key=lambda p: p.encode())
+        ]
+        return cls(head=head, entries=entries)
+
+    def copy(self) -> Parts:
+        return copy.deepcopy(self)
+
+    def index_document(self, head_sha256: str, data_start: int) -> dict[str, Any]:
+        payload = []
+        offset = data_start
+        for e in self.entries:
+            stored = len(e.frames())
+            item = {
+                "codec": e.codec,
+                "offset": offset,
+                "path": e.path,
+                "sha256": e.sha256,
+                "size": e.size,
+                "stored_size": stored,
+            }
+            item.update(e.extra)
+            payload.append(item)
+            offset += stored
+        doc = {"head_sha256": head_sha256, "id": self.head.get("id"), "payload": payload}
+        doc.update(self.index_extra)
+        return doc
+
+
+def assemble(parts: Parts) -> bytes:
+    """The object's bytes, with everything not overridden computed from the parts."""
+    head = parts.head_bytes if parts.head_bytes is not None else canonical_dumps(parts.head)
+    head_length = parts.head_length if parts.head_length is not None else len(head)
+    real_digest = hashlib.sha256(head).digest()
+    digest = parts.head_digest if parts.head_digest is not None else real_digest
+    out = bytearray(PREAMBLE.pack(parts.magic, parts.major, parts.minor, head_length))
+    out += head
+    out += digest
+    data_start = len(out)
+    for e in parts.entries:
+        out += e.frames()
+    index_offset_real = len(out)
+    if parts.index_bytes is not None:
+        index = parts.index_bytes
+    else:
+        index = canonical_dumps(parts.index_document(real_digest.hex(), data_start))
+    out += index
+    index_digest = (
+        parts.index_digest if parts.index_digest is not None else hashlib.sha256(index).digest()
+    )
+    out += FOOTER.pack(
+        parts.index_offset if parts.index_offset is not None else index_offset_real,
+        parts.index_length if parts.index_length is not None else len(index),
+        index_digest,
+        parts.reserved,
+        parts.end_magic,
+    )
+    out += parts.trailing
+    return bytes(out)

@@ -9,6 +9,7 @@ import typer
 
 from .._version import __version__
 from ._common import EXIT_INTERRUPTED
+from .demo import demo_command
 from .inspect import inspect_command
 from .pack import pack_command
 from .verify import verify_command
@@ -43,6 +44,7 @@ def _root(
 app.command("pack")(pack_command)
 app.command("verify")(verify_command)
 app.command("inspect")(inspect_command)
+app.command("demo")(demo_command)
 
 
 def main(argv: list[str] | None = None) -> None:

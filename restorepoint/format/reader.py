@@ -308,7 +308,8 @@ class PayloadDecoder:
             found = hashes.pop(entry.path).hexdigest()
             if found != entry.sha256:
                 raise DigestMismatch(
-                    "payload digest differs",
+                    f"payload digest differs (expected {entry.sha256[:16]}..., "
+                    f"found {found[:16]}...)",
                     member=entry.path,
                     expected=entry.sha256,
                     found=found,

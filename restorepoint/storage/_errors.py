@@ -15,6 +15,7 @@ from ..errors import (
     RestorePointError,
     StorageError,
     StorageUnavailable,
+    UsageError,
 )
 
 #: Which extra brings the fsspec implementation of a protocol.
@@ -83,7 +84,10 @@ def translating(url: str) -> Iterator[None]:
 
 
 def missing_extra(protocol: str, exc: BaseException) -> RestorePointError:
-    module, extra = EXTRAS.get(protocol, (protocol, "all"))
+    if protocol not in EXTRAS:
+        # Not one of ours: pass on what fsspec says to install.
+        return UsageError(f"{protocol}:// URLs need a package that is not installed ({exc})")
+    module, extra = EXTRAS[protocol]
     err = MissingExtra(module, extra, f"{protocol}:// URLs")
     err.__cause__ = exc
     return err

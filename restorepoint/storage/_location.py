@@ -114,11 +114,13 @@ class Location:
         pub = self.publisher(size_hint=size_hint, create_only=create_only)
         try:
             yield pub
+            # A commit that fails (a create-only refusal, a lost connection) must not leave
+            # its temporary file or incomplete upload behind either.
+            pub.commit()
         except BaseException:
             with contextlib.suppress(Exception):
                 pub.discard()
             raise
-        pub.commit()
 
 
 # -- local files ----------------------------------------------------------------------------
@@ -237,6 +239,9 @@ class _FsspecReader:
         return self._size
 
     def read_range(self, start: int, end: int) -> bytes:
+        # data[start:end] as for a local file: S3 refuses a range that starts at or past the
+        # end (416) where a file read just returns nothing.
+        end = min(end, self._size)
         if end <= start:
             return b""
         with translating(self.url):

@@ -1,0 +1,260 @@
+"""The CLI as a user meets it: real subprocesses, exit codes, one stderr line, --json shapes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import restorepoint
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "restorepoint", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    src = tmp_path / "ckpt"
+    (src / "sub").mkdir(parents=True)
+    (src / "model.bin").write_bytes(os.urandom(200_000))
+    (src / "sub" / "state.json").write_text('{"step": 7}')
+    return src
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "train.yaml"
+    path.write_text("lr: 0.001\nmodel:\n  width: 64\ntrain:\n  checkpoint_every: 500\n")
+    return path
+
+
+def test_version() -> None:
+    proc = cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"restorepoint {restorepoint.__version__}"
+
+
+def test_pack_verify_inspect_json(source: Path, config_file: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "out" / "x.rp"
+    proc = cli(
+        "pack", str(source), str(dest), "--step", "7", "--epoch", "1", "--batch", "2",
+        "--trainer", "t=1.0", "--config", str(config_file), "--operational", "train.checkpoint_every",
+        "--key", "dataset=abc", "--term", "cuda=12.4", "--cache-root", "/cache", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    out = json.loads(proc.stdout)
+    assert set(out) == {"ok", "url", "id", "size", "sha256", "files", "bytes", "seconds", "position"}
+    assert out["ok"] is True and out["files"] == 2 and out["url"] == str(dest)
+    assert out["sha256"] == hashlib.sha256(dest.read_bytes()).hexdigest()
+    assert out["size"] == dest.stat().st_size
+    assert out["position"] == {"step": 7, "epoch": 1, "batch": 2}
+
+    proc = cli("verify", str(dest), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["id"] == out["id"] and report["bytes"] == out["bytes"]
+
+    proc = cli("inspect", str(dest), "--json")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads(proc.stdout)["manifest"]
+    assert manifest["trainer"] == {"name": "t", "version": "1.0"}
+    assert manifest["config"]["train"] == {"checkpoint_every": 500}
+    assert manifest["operational_keys"] == ["train.checkpoint_every"]
+    assert manifest["cache_keys"] == {"dataset": "abc"} and manifest["terms"] == {"cuda": "12.4"}
+    assert [e["path"] for e in manifest["payload"]] == ["model.bin", "sub/state.json"]
+
+    proc = cli("inspect", str(dest), "--head", "--json")
+    head = json.loads(proc.stdout)["manifest"]
+    assert "payload" not in head and head["position"] == manifest["position"]
+
+
+def test_human_output(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "x.rp"
+    proc = cli("pack", str(source), str(dest), "--step", "3")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.splitlines()[-1] == str(dest)
+    proc = cli("verify", str(dest))
+    assert proc.returncode == 0 and proc.stdout.startswith("ok: 2 files")
+    proc = cli("inspect", str(dest))
+    assert "step 3" in proc.stdout and "model.bin" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["pack", "SRC", "DEST"], "--step"),
+        (["pack", "SRC", "DEST", "--step", "-1"], "--step"),
+        (["pack", "SRC", "DEST", "--step", "1", "--batch", "2"], "--batch needs --epoch"),
+        (["pack", "SRC", "DEST", "--step", "1", "--key", "nokey"], "KEY=VALUE"),
+        (["pack", "SRC", "DEST", "--step", "1", "--term", "a=1", "--term", "a=2"], "twice"),
+        (["pack", "SRC", "DEST", "--step", "1", "--trainer", "noversion"], "NAME=VERSION"),
+        (["pack", "SRC", "DEST", "--step", "1", "--level", "99"], "--level"),
+        (["pack", "SRC", "DEST", "--step", "1", "--operational", "a..b"], "empty path segment"),
+        (["verify", "DEST", "--no-such-option"], "no-such-option"),
+        (["no-such-command"], "no-such-command"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(
+    args: list[str], needle: str, source: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "x.rp"
+    args = [str(source) if a == "SRC" else str(dest) if a == "DEST" else a for a in args]
+    proc = cli(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in one_error_line(proc)
+    assert not dest.exists()
+
+
+def test_bad_config_names_the_key(source: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: 0.1\nstarted: 2026-01-01\n")
+    proc = cli("pack", str(source), str(tmp_path / "x.rp"), "--step", "1", "--config", str(bad))
+    assert proc.returncode == 2
+    assert "started" in one_error_line(proc)
+    assert not (tmp_path / "x.rp").exists()
+
+
+def test_not_found_is_exit_4(tmp_path: Path) -> None:
+    proc = cli("verify", str(tmp_path / "missing.rp"), "--json")
+    assert proc.returncode == 4
+    assert "not found" in one_error_line(proc)
+    err = json.loads(proc.stdout)
+    assert err == {
+        "ok": False,
+        "error": {
+            "class": "NotFound",
+            "exit_code": 4,
+            "message": f"{tmp_path / 'missing.rp'}: not found",
+            "url": str(tmp_path / "missing.rp"),
+        },
+    }
+    proc = cli("pack", str(tmp_path / "nope"), str(tmp_path / "x.rp"), "--step", "1")
+    assert proc.returncode == 4 and "source not found" in one_error_line(proc)
+
+
+def test_integrity_failure_is_exit_1_and_names_the_file(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "x.rp"
+    assert cli("pack", str(source), str(dest), "--step", "1", "--level", "0").returncode == 0
+    data = bytearray(dest.read_bytes())
+    data[1000] ^= 0x55  # inside model.bin's stored bytes (store-only, first entry)
+    dest.write_bytes(bytes(data))
+    proc = cli("verify", str(dest), "--json")
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert "model.bin" in line and "digest differs" in line
+    assert json.loads(proc.stdout)["error"]["class"] == "DigestMismatch"
+
+
+def test_missing_extra_is_one_line_hint(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['s3fs'] = None\n"
+        "from restorepoint._cli import main\n"
+        "main(['verify', 's3://bucket/x.rp'])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 2
+    assert "pip install 'restorepoint[s3]'" in one_error_line(proc)
+
+
+def test_no_progress_bar_when_not_a_terminal(source: Path, tmp_path: Path) -> None:
+    proc = cli("pack", str(source), str(tmp_path / "x.rp"), "--step", "1")
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
+def _run_on_terminal(args: list[str]) -> tuple[int, bytes]:
+    """Run the CLI with stdout and stderr on a pseudo-terminal; return (exit code, output)."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "restorepoint", *args],
+        stdout=follower,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "100", "TERM": "xterm"},
+    )
+    os.close(follower)
+    output = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 60)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the pty closes when the child exits
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    return proc.wait(timeout=60), output
+
+
+def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    src = tmp_path / "big"
+    src.mkdir()
+    for i in range(8):
+        (src / f"f{i}.bin").write_bytes(os.urandom(8 << 20))
+    dest = tmp_path / "x.rp"
+    code, output = _run_on_terminal(["pack", str(src), str(dest), "--step", "1"])
+    assert code == 0, output
+    assert b"packing" in output and b"MB" in output
+    code, output = _run_on_terminal(["verify", str(dest)])
+    assert code == 0, output
+    assert b"verifying" in output
+    code, output = _run_on_terminal(["verify", str(dest), "--json"])
+    assert code == 0 and b"verifying" not in output
+
+
+def test_sigterm_during_pack_publishes_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "big"
+    src.mkdir()
+    for i in range(16):
+        (src / f"f{i}.bin").write_bytes(os.urandom(8 << 20))
+    dest = tmp_path / "x.rp"
+    dest.write_bytes(b"previous")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "restorepoint", "pack", str(src), str(dest), "--step", "1",
+         "--level", "3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    # Wait until the packer has started writing (its partial file appears), then terminate it.
+    for _ in range(600):
+        if any(".rp-partial-" in p.name for p in tmp_path.iterdir()):
+            break
+        if proc.poll() is not None:
+            break
+        select.select([], [], [], 0.01)
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the pack finished before the signal arrived")
+    assert proc.returncode == 143
+    assert "terminated" in err and "Traceback" not in err
+    assert dest.read_bytes() == b"previous"
+    assert not [p for p in tmp_path.iterdir() if ".rp-partial-" in p.name]

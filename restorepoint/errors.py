@@ -14,7 +14,7 @@ error class printed by ``--json`` and expected by the golden vectors::
     │   ├── NotARestorePoint            wrong magic: not this format at all
     │   ├── UnsupportedFormat           unknown major version or unknown required feature
     │   ├── TruncatedRestorePoint       the object ends before its structure does
-    │   ├── TrailingBytes               bytes where the structure has ended
+    │   ├── TrailingBytes               bytes after the footer
     │   ├── MalformedManifest           head or index not canonical, not valid, inconsistent
     │   │   ├── LimitExceeded           a declared size or count beyond the spec's limits
     │   │   └── UnsafePath              a payload path the path rules forbid
@@ -179,7 +179,8 @@ class TruncatedRestorePoint(IntegrityError):
 
 
 class TrailingBytes(IntegrityError):
-    """Bytes follow where the structure has ended (after the footer, or inside a chunk)."""
+    """Bytes follow the footer: something was appended to a complete restore point. (Extra
+    bytes inside a chunk are a DecodeError, inside an entry's region a FramingError.)"""
 
 
 class MalformedManifest(IntegrityError):

@@ -221,11 +221,12 @@ class Manifest:
         except ValueError as exc:
             raise MalformedManifest(str(exc)) from exc
         chunk_size = _int(obj.get("chunk_size"), "chunk_size")
-        if not CHUNK_SIZE_MIN <= chunk_size <= CHUNK_SIZE_MAX or chunk_size & (chunk_size - 1):
+        if not CHUNK_SIZE_MIN <= chunk_size <= CHUNK_SIZE_MAX:
             raise LimitExceeded(
-                f"chunk_size {chunk_size} is not a power of two "
-                f"from {CHUNK_SIZE_MIN} to {CHUNK_SIZE_MAX}"
+                f"chunk_size {chunk_size} is outside {CHUNK_SIZE_MIN}..{CHUNK_SIZE_MAX}"
             )
+        if chunk_size & (chunk_size - 1):
+            raise MalformedManifest(f"chunk_size {chunk_size} is not a power of two")
         operational = _str_list(obj.get("operational_keys"), "operational_keys")
         if operational != sorted(set(operational)):
             raise MalformedManifest("operational_keys must be sorted and unique")

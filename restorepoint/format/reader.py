@@ -90,7 +90,9 @@ def read_head(source: RangeSource) -> Head:
     assert data_start <= GATE_PREFIX_MAX
     if data_start > size:
         raise TruncatedRestorePoint(
-            f"the object ends at byte {size}, inside the head (which ends at {data_start})",
+            f"the object ends at byte {size}, inside the "
+            f"{'head' if size < PREAMBLE.size + head_length else 'head digest'}"
+            f" (which ends at {data_start})",
             offset=size,
         )
     prefix = (

@@ -1,0 +1,909 @@
+"""Golden vectors for restore-point format v1: a few valid objects and many broken ones, each
+broken one with exactly one fault.
+
+    python spec/vectors/generate.py           write the .rp files and index.json beside this file
+    python spec/vectors/generate.py --check   regenerate in memory, compare byte for byte with the
+                                              committed files, and run the reader on every vector
+
+Every object is built with ``restorepoint.testing.forge``: it recomputes each digest, offset and
+length that a vector does not override, so the planted fault is the only one. Nothing here
+depends on the machine: ids and times are fixed, there is no randomness, and zstd frames are
+written by this script (raw, RLE and literals-only compressed blocks) rather than by libzstd,
+whose output may change from one release to the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import struct
+import sys
+import tracemalloc
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+# The vectors are checked against the restorepoint of this checkout, not an installed one.
+sys.path.insert(0, str(HERE.parents[1]))
+
+from restorepoint import errors  # noqa: E402
+from restorepoint.format import PayloadDecoder, read_manifest  # noqa: E402
+from restorepoint.format._json import canonical_dumps  # noqa: E402
+from restorepoint.format.identity import config_identity  # noqa: E402
+from restorepoint.format.limits import MAX_HEAD_BYTES, MAX_INDEX_BYTES, zstd_bound  # noqa: E402
+from restorepoint.testing.forge import ForgedEntry, Parts, assemble  # noqa: E402
+
+INDEX = "index.json"
+MAX_VECTOR_BYTES = 100_000
+MAX_TOTAL_BYTES = 1_000_000
+#: A bomb vector that made the reader allocate this much would not have been refused in time.
+BOMB_PEAK_BYTES = 4 << 20
+CHUNK = 65536
+STORE = {"name": "none"}
+ZSTD = {"level": 3, "name": "zstd"}
+OTHER_ID = "fedcba9876543210fedcba9876543210"
+
+
+@dataclass(frozen=True)
+class Vector:
+    name: str
+    data: bytes
+    fault: str
+    expected_error: str | None = None
+    #: valid vectors: the position and every payload file's sha256 a reader must report
+    position: dict[str, int] | None = None
+    files: dict[str, str] | None = None
+    #: the reader must refuse this one without allocating what the stored bytes ask for
+    bomb: bool = False
+
+    def record(self) -> dict[str, Any]:
+        valid = self.expected_error is None
+        out: dict[str, Any] = {
+            "name": self.name,
+            "file": f"{self.name}.rp",
+            "valid": valid,
+            "expected_error": self.expected_error,
+            "exit_code": 0 if valid else getattr(errors, str(self.expected_error)).exit_code,
+            "fault": self.fault,
+        }
+        if valid:
+            out["position"] = self.position
+            out["files"] = self.files
+        return out
+
+
+# -- zstd frames, written by hand -------------------------------------------------------------
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: 128 KiB: the largest block zstd allows, and the window every frame here declares.
+_WINDOW_LOG = 17
+_BLOCK_MAX = 1 << _WINDOW_LOG
+
+
+def _frame_header(content_size: int) -> bytes:
+    # Not single-segment: a window of 128 KiB lets a block be slightly larger than its content
+    # (a literals-only block is), which a single-segment window of the content size would not.
+    if 256 <= content_size < 65536 + 256:
+        flag, fcs = 1, struct.pack("<H", content_size - 256)
+    elif content_size < 1 << 32:
+        flag, fcs = 2, struct.pack("<I", content_size)
+    else:
+        flag, fcs = 3, struct.pack("<Q", content_size)
+    return _ZSTD_MAGIC + bytes([flag << 6, (_WINDOW_LOG - 10) << 3]) + fcs
+
+
+def _block_header(last: bool, kind: int, size: int) -> bytes:
+    return (int(last) | kind << 1 | size << 3).to_bytes(3, "little")
+
+
+def _raw_block(data: bytes, last: bool) -> bytes:
+    return _block_header(last, 0, len(data)) + data
+
+
+def _rle_block(byte: int, n: int, last: bool) -> bytes:
+    return _block_header(last, 1, n) + bytes([byte])
+
+
+def _literals_block(data: bytes, last: bool) -> bytes:
+    """A compressed block of raw literals and no sequences."""
+    n = len(data)
+    if n < 32:
+        header = bytes([n << 3])
+    elif n < 4096:
+        header = bytes([1 << 2 | (n & 15) << 4, n >> 4])
+    else:
+        header = bytes([3 << 2 | (n & 15) << 4, (n >> 4) & 255, n >> 12])
+    body = header + data + b"\x00"  # Number_of_Sequences = 0
+    return _block_header(last, 2, len(body)) + body
+
+
+def zstd_frame(plain: bytes) -> bytes:
+    """One zstd frame with its content size: a uniform piece becomes an RLE block, any other
+    piece a literals-only compressed block followed by a raw block (two block kinds, and
+    several blocks per frame, for every reader to decode)."""
+    pieces: list[tuple[str, bytes]] = []
+    for start in range(0, len(plain), _BLOCK_MAX - 8):
+        piece = plain[start : start + _BLOCK_MAX - 8]
+        if piece == piece[:1] * len(piece):
+            pieces.append(("rle", piece))
+        elif len(piece) > 1:
+            half = len(piece) // 2
+            pieces += [("literals", piece[:half]), ("raw", piece[half:])]
+        else:
+            pieces.append(("raw", piece))
+    blocks = []
+    for i, (kind, piece) in enumerate(pieces):
+        last = i == len(pieces) - 1
+        if kind == "rle":
+            blocks.append(_rle_block(piece[0], len(piece), last))
+        elif kind == "literals":
+            blocks.append(_literals_block(piece, last))
+        else:
+            blocks.append(_raw_block(piece, last))
+    if not blocks:
+        blocks.append(_raw_block(b"", True))
+    return _frame_header(len(plain)) + b"".join(blocks)
+
+
+def zstd_bomb(content_size: int, expands_to: int) -> bytes:
+    """A frame declaring ``content_size`` whose RLE blocks expand to ``expands_to`` bytes."""
+    n = expands_to // _BLOCK_MAX
+    blocks = [_rle_block(0, _BLOCK_MAX, i == n - 1) for i in range(n)]
+    return _frame_header(content_size) + b"".join(blocks)
+
+
+# -- building blocks --------------------------------------------------------------------------
+
+
+def pattern(n: int) -> bytes:
+    return (bytes(range(256)) * (n // 256 + 1))[:n]
+
+
+def entry(path: str, data: bytes, codec: dict[str, Any] | None = None) -> ForgedEntry:
+    codec = codec or STORE
+    if codec["name"] != "zstd":
+        return ForgedEntry.from_bytes(path, data, codec=codec, chunk_size=CHUNK)
+    chunks = [zstd_frame(data[i : i + CHUNK]) for i in range(0, len(data), CHUNK)]
+    return ForgedEntry(path, len(data), hashlib.sha256(data).hexdigest(), dict(codec), chunks)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def small_files() -> dict[str, bytes]:
+    """The payload of most broken vectors: small, so that sixty of them stay small."""
+    return {
+        "model.pt": pattern(512),
+        "optimizer.pt": b"\x00" * 200,
+        "trainer_state.json": b'{"step": 1500}',
+    }
+
+
+def parts_of(files: dict[str, bytes], codec: dict[str, Any] | None = None, **head: Any) -> Parts:
+    base = Parts.sample(files={}, **head)
+    base.entries = [entry(p, files[p], codec) for p in sorted(files, key=lambda p: p.encode())]
+    return base
+
+
+def small(**head: Any) -> Parts:
+    return parts_of(small_files(), **head)
+
+
+def with_paths(*paths: str) -> Parts:
+    """A store-only object whose entries have these paths, in this order (no sorting)."""
+    parts = small()
+    parts.entries = [entry(p, f"contents of {p!a}\n".encode()) for p in paths]
+    return parts
+
+
+def layout(parts: Parts) -> tuple[str, int]:
+    """The head's sha256 and where the payload starts, as ``assemble`` will lay them out."""
+    head = canonical_dumps(parts.head)
+    return sha(head), 16 + len(head) + 32
+
+
+def index_doc(parts: Parts) -> dict[str, Any]:
+    return parts.index_document(*layout(parts))
+
+
+def offsets(data: bytes) -> dict[str, int]:
+    """Where each region of an assembled object starts."""
+    (head_length,) = struct.unpack_from("<I", data, 12)
+    index_offset, index_length = struct.unpack_from("<QQ", data, len(data) - 64)
+    return {
+        "head": 16,
+        "head_length": head_length,
+        "digest": 16 + head_length,
+        "payload": 16 + head_length + 32,
+        "index": index_offset,
+        "index_length": index_length,
+        "footer": len(data) - 64,
+        "end": len(data),
+    }
+
+
+# -- the vectors ------------------------------------------------------------------------------
+
+
+@dataclass
+class Vectors:
+    items: list[Vector] = field(default_factory=list)
+
+    def valid(self, name: str, parts: Parts, files: dict[str, bytes], what: str) -> None:
+        digests = {p: sha(files[p]) for p in sorted(files, key=lambda p: p.encode())}
+        self.items.append(
+            Vector(name, assemble(parts), what, None, dict(parts.head["position"]), digests)
+        )
+
+    def broken(
+        self, name: str, error: str, fault: str, parts: Parts | bytes, *, bomb: bool = False
+    ) -> None:
+        data = parts if isinstance(parts, bytes) else assemble(parts)
+        self.items.append(Vector(name, data, fault, error, bomb=bomb))
+
+
+def build() -> list[Vector]:
+    v = Vectors()
+    _valid(v)
+    _preamble(v)
+    _truncated(v)
+    _head(v)
+    _index(v)
+    _layout(v)
+    _payload(v)
+    _paths(v)
+    names = [x.name for x in v.items]
+    assert len(names) == len(set(names)), "vector names must be unique"
+    return v.items
+
+
+def _valid(v: Vectors) -> None:
+    sample = {
+        "model.pt": bytes(range(256)) * 300,
+        "optimizer.pt": b"\x00" * 1000,
+        "trainer_state.json": b'{"step": 1500}',
+    }
+    v.valid(
+        "valid-store-only",
+        parts_of(sample),
+        sample,
+        "The sample restore point, codec none: a two-chunk file, a zero-filled file, a small one.",
+    )
+    v.valid(
+        "valid-zstd",
+        parts_of(sample, ZSTD),
+        sample,
+        "The sample restore point, codec zstd: frames of RLE, literals-only and raw blocks.",
+    )
+    v.valid(
+        "valid-empty-payload",
+        parts_of({}),
+        {},
+        "A payload without entries: the index follows the head digest directly.",
+    )
+    empty = {"empty.bin": b""}
+    parts = parts_of(empty)
+    parts.entries.append(entry("empty.zst", b"", ZSTD))
+    v.valid(
+        "valid-zero-length-files",
+        parts,
+        {"empty.bin": b"", "empty.zst": b""},
+        "Two zero-length files (codecs none and zstd): zero chunks, stored_size 0.",
+    )
+    one = {"one-chunk.bin": pattern(CHUNK)}
+    v.valid(
+        "valid-one-chunk",
+        parts_of(one),
+        one,
+        "A file of exactly chunk_size bytes: one full chunk, no empty second chunk.",
+    )
+    two = {"chunk-plus-one.bin": pattern(CHUNK + 1)}
+    v.valid(
+        "valid-chunk-plus-one",
+        parts_of(two),
+        two,
+        "A file of chunk_size + 1 bytes: a full chunk and a one-byte chunk.",
+    )
+    v.valid(
+        "valid-no-config",
+        small(
+            config=None,
+            config_identity=None,
+            operational_keys=[],
+            trainer=None,
+            cache_root=None,
+            cache_keys={},
+            terms={},
+            position={"step": 0},
+        ),
+        small_files(),
+        "No config (and no identity), null trainer, null cache_root, step 0 without an epoch.",
+    )
+    parts = small(format_version="1.7", x_future_hint={"note": "ignored by 1.0 readers"})
+    parts.minor = 7
+    parts.entries[0].extra["x_future_entry"] = "ignored by 1.0 readers"
+    v.valid(
+        "valid-minor-1.7-unknown-fields",
+        parts,
+        small_files(),
+        "Format 1.7 with an unknown optional head field and an unknown optional entry field.",
+    )
+    nested = {
+        "données/état.json": b'{"step": 1500}',
+        "modèles/编码器/权重.pt": pattern(300),
+        "Ω/ñandú/ünïcödé.bin": b"\x01" * 100,
+        "a/b/c/d/e.txt": b"deep\n",
+    }
+    assert all(unicodedata.normalize("NFC", p) == p for p in nested)
+    v.valid(
+        "valid-unicode-nested",
+        parts_of(nested),
+        nested,
+        "Nested directories and NFC Unicode names, sorted by their UTF-8 bytes.",
+    )
+
+
+def _preamble(v: Vectors) -> None:
+    parts = small()
+    parts.magic = b"\x89RPX\r\n\x1a\n"
+    v.broken("bad-magic", "NotARestorePoint", "The magic's fourth byte is X, not T.", parts)
+    parts = small(format_version="2.0")
+    parts.major = 2
+    v.broken(
+        "major-version-2",
+        "UnsupportedFormat",
+        "Preamble and head say format 2.0, an unknown major version.",
+        parts,
+    )
+    parts = small()
+    parts.head_length = 0
+    v.broken("head-length-zero", "LimitExceeded", "The preamble declares a head of 0 bytes.", parts)
+    parts = small()
+    parts.head_length = MAX_HEAD_BYTES + 1
+    v.broken(
+        "head-length-over-limit",
+        "LimitExceeded",
+        f"The preamble declares a head of {MAX_HEAD_BYTES + 1} bytes, one over the limit.",
+        parts,
+    )
+
+
+def _truncated(v: Vectors) -> None:
+    data = assemble(small())
+    at = offsets(data)
+    cuts = [
+        ("empty", 0, "an empty object"),
+        ("in-magic", 5, "inside the magic"),
+        ("in-preamble", 12, "inside the preamble"),
+        ("in-head", at["head"] + at["head_length"] // 2, "inside the head"),
+        ("in-head-digest", at["payload"] - 10, "inside the head digest"),
+        ("in-payload", at["payload"] + 100, "inside the first file's stored bytes"),
+        ("in-index", at["index"] + at["index_length"] // 2, "inside the index"),
+        ("before-footer", at["footer"], "where the footer should start"),
+        ("in-footer", at["end"] - 10, "inside the footer"),
+    ]
+    for name, cut, where in cuts:
+        v.broken(
+            f"truncated-{name}",
+            "TruncatedRestorePoint",
+            f"The sample cut at byte {cut} of {at['end']}, {where}.",
+            data[:cut],
+        )
+    parts = small()
+    parts.trailing = b"appended\n"
+    v.broken(
+        "trailing-bytes",
+        "TrailingBytes",
+        "Nine bytes follow a complete, consistent footer.",
+        parts,
+    )
+
+
+def _head(v: Vectors) -> None:
+    parts = small()
+    parts.head_digest = hashlib.sha256(b"another head").digest()
+    v.broken("head-digest-mismatch", "DigestMismatch", "The head digest is of other bytes.", parts)
+
+    parts = small()
+    parts.head_bytes = json.dumps(parts.head, sort_keys=True).encode()
+    v.broken(
+        "head-not-canonical-whitespace",
+        "MalformedManifest",
+        "The head is sorted JSON with spaces after ':' and ',' (digests recomputed).",
+        parts,
+    )
+    parts = small()
+    parts.head_bytes = json.dumps(
+        dict(reversed(list(parts.head.items()))), separators=(",", ":")
+    ).encode()
+    v.broken(
+        "head-not-canonical-key-order",
+        "MalformedManifest",
+        "The head's keys are in reverse order, without whitespace (digests recomputed).",
+        parts,
+    )
+    parts = small()
+    parts.head_bytes = canonical_dumps(parts.head).replace(b'"step":1500', b'"step":1.5e3')
+    v.broken(
+        "head-not-canonical-number",
+        "MalformedManifest",
+        "The head spells the step 1500 as 1.5e3 (digests recomputed).",
+        parts,
+    )
+    parts = small()
+    canonical = canonical_dumps(parts.head)
+    rp_id = f'"id":"{parts.head["id"]}"'.encode()
+    parts.head_bytes = canonical.replace(rp_id, rp_id + b"," + rp_id)
+    v.broken(
+        "head-duplicate-key",
+        "MalformedManifest",
+        "The head holds the key id twice, with the same value.",
+        parts,
+    )
+    deep: Any = {"leaf": 1}
+    for _ in range(70):
+        deep = {"d": deep}
+    v.broken(
+        "head-json-too-deep",
+        "LimitExceeded",
+        "The config nests 71 objects deep, beyond the JSON depth limit of 64.",
+        small(config=deep, config_identity=config_identity(deep), operational_keys=[]),
+    )
+    v.broken(
+        "head-version-disagrees",
+        "MalformedManifest",
+        "The head says format_version 1.1, the preamble 1.0.",
+        small(format_version="1.1"),
+    )
+    v.broken(
+        "unknown-required-feature",
+        "UnsupportedFormat",
+        "The head requires the feature x-sharded-payload, unknown to format 1.0.",
+        small(required_features=["x-sharded-payload"]),
+    )
+    parts = small()
+    parts.head["config"] = {**parts.head["config"], "lr": 0.002}
+    v.broken(
+        "config-identity-mismatch",
+        "MalformedManifest",
+        "The config's lr is 0.002 but config_identity is that of lr 0.001.",
+        parts,
+    )
+    v.broken(
+        "config-identity-without-config",
+        "MalformedManifest",
+        "config_identity is set while config is null.",
+        small(config=None, operational_keys=[]),
+    )
+    v.broken(
+        "step-negative",
+        "MalformedManifest",
+        "The position's step is -1.",
+        small(position={"step": -1}),
+    )
+    v.broken(
+        "step-not-integer",
+        "MalformedManifest",
+        "The position's step is 1.5.",
+        small(position={"epoch": 1, "step": 1.5}),
+    )
+    v.broken(
+        "batch-without-epoch",
+        "MalformedManifest",
+        "The position has a batch but no epoch.",
+        small(position={"batch": 3, "step": 1500}),
+    )
+    v.broken(
+        "id-not-hex",
+        "MalformedManifest",
+        "The id has uppercase hex digits.",
+        small(id="0123456789ABCDEF0123456789ABCDEF"),
+    )
+    v.broken(
+        "created-not-utc",
+        "MalformedManifest",
+        "created has a +01:00 offset instead of Z.",
+        small(created="2026-01-01T01:00:00.000+01:00"),
+    )
+    v.broken(
+        "chunk-size-not-power-of-two",
+        "MalformedManifest",
+        "chunk_size is 98304 (3 * 32768), within the range but not a power of two.",
+        small(chunk_size=98304),
+    )
+    v.broken(
+        "chunk-size-below-minimum",
+        "LimitExceeded",
+        "chunk_size is 32768, a power of two below the minimum 65536.",
+        small(chunk_size=32768),
+    )
+
+
+def _index(v: Vectors) -> None:
+    parts = small()
+    parts.index_digest = hashlib.sha256(b"another index").digest()
+    v.broken(
+        "index-digest-mismatch",
+        "DigestMismatch",
+        "The footer's index digest is of other bytes.",
+        parts,
+    )
+    parts = small()
+    parts.index_extra["head_sha256"] = layout(small(position={"step": 1501}))[0]
+    v.broken(
+        "index-of-another-head",
+        "MalformedManifest",
+        "The index's head_sha256 is that of another head (step 1501).",
+        parts,
+    )
+    parts = small()
+    parts.index_extra["id"] = OTHER_ID
+    v.broken("index-id-differs", "MalformedManifest", "The index names another id.", parts)
+    parts = small()
+    parts.index_bytes = json.dumps(index_doc(parts), sort_keys=True).encode()
+    v.broken(
+        "index-not-canonical",
+        "MalformedManifest",
+        "The index is sorted JSON with spaces after ':' and ',' (digest recomputed).",
+        parts,
+    )
+    parts = small()
+    parts.index_length = MAX_INDEX_BYTES + 1
+    v.broken(
+        "index-length-over-limit",
+        "LimitExceeded",
+        f"The footer declares an index of {MAX_INDEX_BYTES + 1} bytes, one over the limit.",
+        parts,
+    )
+    parts = small()
+    parts.entries[0].codec = {"name": "brotli"}
+    v.broken(
+        "unknown-codec",
+        "UnsupportedFormat",
+        "The first entry's codec is brotli, unknown to format 1.0.",
+        parts,
+    )
+    parts = small()
+    parts.entries[0].codec = {"name": "none", "x_param": 1}
+    v.broken(
+        "codec-unknown-parameter",
+        "MalformedManifest",
+        "The first entry's codec none has an unknown parameter.",
+        parts,
+    )
+
+
+def _layout(v: Vectors) -> None:
+    parts = small()
+    parts.reserved = 1
+    v.broken("footer-reserved-nonzero", "FramingError", "The footer's reserved field is 1.", parts)
+    parts = small()
+    parts.index_offset = offsets(assemble(parts))["index"] + 1
+    v.broken(
+        "index-offset-inconsistent",
+        "FramingError",
+        "The footer's index_offset is one past where the index starts.",
+        parts,
+    )
+    parts = small()
+    real = index_doc(parts)["payload"][1]["offset"]
+    parts.entries[1].extra["offset"] = real + 1
+    v.broken(
+        "entry-offsets-not-contiguous",
+        "FramingError",
+        "The second entry's offset is one past where its stored bytes start.",
+        parts,
+    )
+    # The stored bytes really take 1008 bytes (two store-only chunks of 500), and the index says
+    # so: offsets add up, but one chunk of 1000 bytes can only be stored in 1004.
+    parts = small()
+    data = pattern(1000)
+    parts.entries[0] = ForgedEntry("model.pt", 1000, sha(data), STORE, [data[:500], data[500:]])
+    v.broken(
+        "stored-size-impossible",
+        "FramingError",
+        "A 1000-byte store-only file (one chunk) stored as two chunks: stored_size 1008.",
+        parts,
+    )
+    parts = small()
+    parts.entries[0].stored_lengths = [0xFFFFFFFF]
+    v.broken(
+        "chunk-length-beyond-bound-none",
+        "FramingError",
+        "A store-only chunk of 512 bytes declares 4294967295 stored bytes.",
+        parts,
+    )
+    # Two chunks, the first one tiny, so that the entry's stored_size stays possible and only
+    # the second chunk's own length breaks the codec's bound.
+    parts = parts_of({"model.pt": b"\x00" * CHUNK + pattern(1000)}, ZSTD)
+    over = zstd_bound(1000) + 1
+    frame = parts.entries[0].stored_chunks[1]
+    parts.entries[0].stored_chunks[1] = frame + b"\x00" * (over - len(frame))
+    v.broken(
+        "chunk-length-beyond-bound-zstd",
+        "FramingError",
+        f"The second zstd chunk (1000 bytes) declares {over} stored bytes, over the zstd bound.",
+        parts,
+    )
+    # zstd, not none: a store-only entry has exactly one possible stored_size, so the layout
+    # check would catch the slack before the frames are read.
+    parts = parts_of(small_files(), ZSTD)
+    chunk = parts.entries[0].stored_chunks[0]
+    parts.entries[0].stored_lengths = [len(chunk)]
+    parts.entries[0].stored_chunks = [chunk + b"\x00\x00\x00"]
+    v.broken(
+        "entry-slack-bytes",
+        "FramingError",
+        "Three bytes follow the last zstd chunk frame, inside the entry's stored_size.",
+        parts,
+    )
+
+
+def _payload(v: Vectors) -> None:
+    parts = small()
+    stored = bytearray(parts.entries[0].stored_chunks[0])
+    stored[100] ^= 0x01
+    parts.entries[0].stored_chunks[0] = bytes(stored)
+    v.broken(
+        "payload-digest-mismatch",
+        "DigestMismatch",
+        "One stored byte of a store-only chunk flipped; the index digests left as they were.",
+        parts,
+    )
+    parts = small()
+    parts.entries[0].stored_chunks[0] = parts.entries[0].stored_chunks[0][:-1]
+    v.broken(
+        "store-chunk-short",
+        "DecodeError",
+        "A store-only chunk of a 512-byte file stores 511 bytes (offsets and sizes consistent).",
+        parts,
+    )
+    parts = parts_of(small_files(), ZSTD)
+    frame = bytearray(parts.entries[0].stored_chunks[0])
+    header = len(_frame_header(512))
+    frame[header] |= 0b110  # block type 3: reserved
+    parts.entries[0].stored_chunks[0] = bytes(frame)
+    v.broken(
+        "zstd-frame-corrupt",
+        "DecodeError",
+        "The first block of a zstd frame has the reserved block type 3.",
+        parts,
+    )
+    parts = parts_of(small_files(), ZSTD)
+    frame = parts.entries[0].stored_chunks[0]
+    parts.entries[0].stored_chunks[0] = frame + zstd_frame(b"extra")
+    v.broken(
+        "zstd-two-frames",
+        "DecodeError",
+        "A zstd chunk holds its frame followed by a second, complete frame.",
+        parts,
+    )
+    zeros = b"\x00" * 1000
+    parts = parts_of({"model.pt": zeros}, ZSTD)
+    bomb = zstd_bomb(32 << 20, 32 << 20)
+    parts.entries[0].stored_chunks = [bomb]
+    v.broken(
+        "zstd-bomb-declared",
+        "DecodeError",
+        f"A 1000-byte chunk's {len(bomb)}-byte zstd frame declares and holds 32 MiB of zeros.",
+        parts,
+        bomb=True,
+    )
+    parts = parts_of({"model.pt": zeros}, ZSTD)
+    parts.entries[0].stored_chunks = [zstd_bomb(1000, 32 << 20)]
+    v.broken(
+        "zstd-bomb-hidden",
+        "DecodeError",
+        "A zstd frame declares the chunk's 1000 bytes but its blocks expand to 32 MiB.",
+        parts,
+        bomb=True,
+    )
+
+
+def _paths(v: Vectors) -> None:
+    cases: list[tuple[str, str, str, tuple[str, ...]]] = [
+        ("path-dotdot", "UnsafePath", "A path ../outside.pt climbs out.", ("../outside.pt",)),
+        ("path-absolute", "UnsafePath", "An absolute path /etc/passwd.", ("/etc/passwd",)),
+        ("path-nul", "UnsafePath", "A path with a NUL byte.", ("model\x00.pt",)),
+        ("path-backslash", "UnsafePath", "A path with a backslash.", ("dir\\model.pt",)),
+        ("path-drive", "UnsafePath", "A path C:x that starts with a drive.", ("C:x",)),
+        ("path-empty-component", "UnsafePath", "A path a//b.", ("a//b",)),
+        ("path-dot-component", "UnsafePath", "A path a/./b.", ("a/./b",)),
+        ("path-empty", "UnsafePath", "An empty path.", ("",)),
+        ("path-control", "UnsafePath", "A path with an ESC character.", ("model\x1b.pt",)),
+        (
+            "path-duplicate",
+            "UnsafePath",
+            "The path model.pt twice.",
+            ("model.pt", "model.pt"),
+        ),
+        (
+            "path-case-collision",
+            "UnsafePath",
+            "Model.pt and model.pt collide after case folding.",
+            ("Model.pt", "model.pt"),
+        ),
+        (
+            "path-normalisation-collision",
+            "UnsafePath",
+            "caf\u00e9.pt (NFC) and cafe\u0301.pt (NFD) are one name after normalisation.",
+            ("cafe\u0301.pt", "caf\u00e9.pt"),
+        ),
+        (
+            "path-file-and-directory",
+            "UnsafePath",
+            "a is a file and the directory of a/b.",
+            ("a", "a/b"),
+        ),
+        (
+            "path-unsorted",
+            "UnsafePath",
+            "Entries optimizer.pt, model.pt: not in UTF-8 byte order.",
+            ("optimizer.pt", "model.pt"),
+        ),
+        (
+            "path-component-too-long",
+            "LimitExceeded",
+            "A path component of 256 bytes.",
+            ("a" * 256,),
+        ),
+        (
+            "path-too-long",
+            "LimitExceeded",
+            "A path of 4097 bytes (components of 100 bytes).",
+            ("/".join(["b" * 100] * 40) + "/" + "c" * 57,),
+        ),
+    ]
+    for name, error, fault, paths in cases:
+        v.broken(name, error, fault, with_paths(*paths))
+    # A lone surrogate cannot be written by a canonical encoder; put it in by hand.
+    parts = with_paths("model-X.pt")
+    parts.index_bytes = canonical_dumps(index_doc(parts)).replace(b"model-X", b"model-\\ud800")
+    v.broken(
+        "path-lone-surrogate",
+        "MalformedManifest",
+        "A path with the lone surrogate \\ud800: not Unicode, so not canonical JSON.",
+        parts,
+    )
+
+
+# -- writing and checking ---------------------------------------------------------------------
+
+
+def index_bytes(vectors: list[Vector]) -> bytes:
+    text = json.dumps([x.record() for x in vectors], indent=2, ensure_ascii=False)
+    return (text + "\n").encode()
+
+
+def write(vectors: list[Vector]) -> None:
+    names = {f"{x.name}.rp" for x in vectors}
+    for stale in HERE.glob("*.rp"):
+        if stale.name not in names:
+            stale.unlink()
+    for x in vectors:
+        (HERE / f"{x.name}.rp").write_bytes(x.data)
+    (HERE / INDEX).write_bytes(index_bytes(vectors))
+
+
+class _Bytes:
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    @property
+    def size(self) -> int:
+        return len(self._data)
+
+    def read_range(self, start: int, end: int) -> bytes:
+        return self._data[start:end]
+
+
+def read(data: bytes) -> tuple[dict[str, int], dict[str, str]]:
+    """Read a vector as a verifier does: manifest, then every payload digest."""
+    head, manifest = read_manifest(_Bytes(data))
+    stream = io.BytesIO(data)
+    stream.seek(head.data_start)
+    hashes: dict[str, Any] = {}
+    for e, chunk in PayloadDecoder(manifest, stream, threads=2).events():
+        h = hashes.setdefault(e.path, hashlib.sha256())
+        if chunk is not None:
+            h.update(chunk)
+    return manifest.position.to_dict(), {p: h.hexdigest() for p, h in hashes.items()}
+
+
+def attempt(x: Vector) -> tuple[Any, BaseException | None, int]:
+    """Read ``x``: (position and digests, or None; the exception, or None; peak bytes traced).
+    Bombs are read under tracemalloc, which sees every buffer a codec hands back."""
+    if x.bomb:
+        tracemalloc.start()
+    try:
+        try:
+            result, error = read(x.data), None
+        except Exception as exc:
+            result, error = None, exc
+        peak = tracemalloc.get_traced_memory()[1] if x.bomb else 0
+    finally:
+        if x.bomb:
+            tracemalloc.stop()
+    return result, error, peak
+
+
+def outcome(x: Vector) -> list[str]:
+    """Problems with what the reader makes of ``x`` (none if it behaves as recorded)."""
+    result, error, peak = attempt(x)
+    if error is not None and not isinstance(error, errors.RestorePointError):
+        # A crash is a reader bug worth one line, not a traceback.
+        return [f"{x.name}: reader crashed with {type(error).__name__}: {error}"]
+    if peak > BOMB_PEAK_BYTES:
+        return [f"{x.name}: the reader allocated {peak} bytes on a bomb"]
+    if error is not None:
+        found = errors.error_class(error)
+        if x.expected_error is None:
+            return [f"{x.name}: expected to verify, raised {found}: {error}"]
+        if found != x.expected_error:
+            return [f"{x.name}: expected {x.expected_error}, raised {found}: {error}"]
+        return []
+    if x.expected_error is not None:
+        return [f"{x.name}: expected {x.expected_error}, but it verified"]
+    position, files = result
+    problems = []
+    if position != x.position:
+        problems.append(f"{x.name}: position {position}, expected {x.position}")
+    if files != x.files:
+        problems.append(f"{x.name}: file digests {files}, expected {x.files}")
+    return problems
+
+
+def check(vectors: list[Vector]) -> list[str]:
+    problems = []
+    wanted = {f"{x.name}.rp": x for x in vectors}
+    index_path = HERE / INDEX
+    if not index_path.exists():
+        problems.append(f"{INDEX}: missing")
+    elif index_path.read_bytes() != index_bytes(vectors):
+        problems.append(f"{INDEX}: differs from what the generator writes")
+    for path in sorted(HERE.glob("*.rp")):
+        if path.name not in wanted:
+            problems.append(f"{path.name}: not made by the generator (stale)")
+    total = 0
+    for name, x in wanted.items():
+        path = HERE / name
+        if not path.exists():
+            problems.append(f"{name}: missing")
+        elif path.read_bytes() != x.data:
+            problems.append(f"{name}: differs from what the generator writes")
+        total += len(x.data)
+        if len(x.data) >= MAX_VECTOR_BYTES:
+            problems.append(f"{name}: {len(x.data)} bytes, the limit is {MAX_VECTOR_BYTES}")
+        problems += outcome(x)
+    if total >= MAX_TOTAL_BYTES:
+        problems.append(f"all vectors: {total} bytes, the limit is {MAX_TOTAL_BYTES}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--check", action="store_true", help="compare with the committed files and run the reader"
+    )
+    args = parser.parse_args(argv)
+    vectors = build()
+    if not args.check:
+        write(vectors)
+        print(f"wrote {len(vectors)} vectors and {INDEX} to {HERE.name}/")
+        return 0
+    problems = check(vectors)
+    for line in problems:
+        print(line)
+    if problems:
+        return 1
+    print(f"{len(vectors)} vectors: committed bytes match, the reader agrees with {INDEX}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

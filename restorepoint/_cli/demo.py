@@ -23,7 +23,7 @@ from .inspect import render
 
 def write_sample_checkpoint(directory: Path, seed: int = 0) -> dict[str, object]:
     """A checkpoint-like directory: float32 'weights', an 'optimizer' file, trainer state."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - sample data, not secrets
     directory.mkdir(parents=True, exist_ok=True)
     weights = array.array("f", (rng.gauss(0.0, 0.02) for _ in range(1 << 20)))
     (directory / "model.bin").write_bytes(weights.tobytes())

@@ -13,7 +13,7 @@ from typing import Any
 import rfc8785
 
 from ..errors import LimitExceeded, MalformedManifest
-from .limits import MAX_JSON_DEPTH
+from .limits import MAX_JSON_DEPTH, MAX_SAFE_INTEGER
 
 
 class CanonicalizationError(ValueError):
@@ -62,11 +62,27 @@ def depth(value: Any) -> int:
     return deepest
 
 
+def _parse_int(text: str) -> int | float:
+    # JSON numbers are doubles (RFC 8785, I-JSON): the canonical form of the double 1e20 is the
+    # integer literal 100000000000000000000, so a literal beyond 2**53-1 is read as the double
+    # it names. A literal that is not exactly a double then fails the canonical round trip.
+    if len(text.lstrip("-")) <= 16:
+        value = int(text)
+        if abs(value) <= MAX_SAFE_INTEGER:
+            return value
+    return float(text)
+
+
 def strict_loads(data: bytes, what: str) -> Any:
     """Parse canonical JSON or raise MalformedManifest naming ``what`` (head, index, ...)."""
     try:
         text = data.decode("utf-8", errors="strict")
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        value = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constant,
+            parse_int=_parse_int,
+        )
     except MalformedManifest as exc:
         raise MalformedManifest(f"{what}: {exc.message}") from exc
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

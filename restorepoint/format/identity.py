@@ -42,23 +42,23 @@ def identity_view(config: Mapping[str, Any], operational_keys: Iterable[str]) ->
     for key in operational_keys:
         parts = check_operational_key(key).split(".")
         trail: list[tuple[dict[str, Any], str]] = []
-        node: Any = view
+        node: dict[str, Any] | None = view
         for part in parts[:-1]:
-            if not isinstance(node, dict) or part not in node:
+            assert node is not None
+            child = node.get(part)
+            if not isinstance(child, dict):
                 node = None
                 break
             trail.append((node, part))
-            node = node[part]
-        if not isinstance(node, dict) or parts[-1] not in node:
-            continue
-        del node[parts[-1]]
-        # Prune the mappings that held only operational settings.
+            node = child
+        if node is not None:
+            node.pop(parts[-1], None)
+        # Prune the mappings on the key's path that hold nothing else, whether the key was
+        # there or not: {"log": {}} and {"log": {"every": 10}} are the same training.
         for parent, part in reversed(trail):
-            child = parent[part]
-            if isinstance(child, dict) and not child:
-                del parent[part]
-            else:
+            if parent[part]:
                 break
+            del parent[part]
     return view
 
 

@@ -18,8 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
-from ..errors import SourceError
-from ._json import canonical_dumps
+from ..errors import IntegrityError, SourceError
+from ._json import canonical_dumps, strict_loads
 from ._layout import CHUNK_HEADER, END_MAGIC, FOOTER, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, PREAMBLE
 from .codecs import Codec, NoneCodec
 from .limits import MAX_ENTRIES, MAX_HEAD_BYTES, MAX_INDEX_BYTES, MAX_SAFE_INTEGER
@@ -89,6 +89,12 @@ class Writer:
         head = canonical_dumps(self.head.head_dict())
         if len(head) > MAX_HEAD_BYTES:
             raise SourceError(f"the head is {len(head)} bytes; the limit is {MAX_HEAD_BYTES}")
+        # Read the head back as a reader would (depth limit, number domain, schema): a writer
+        # must never publish an object that every reader then refuses.
+        try:
+            Manifest.from_head_dict(strict_loads(head, "head"))
+        except IntegrityError as exc:
+            raise SourceError(f"the head would not be readable: {exc.message}") from None
         digest = hashlib.sha256(head).digest()
         self._head_sha256 = digest.hex()
         self._emit(PREAMBLE.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, len(head)))
@@ -114,7 +120,7 @@ class Writer:
         left = size
         while left > 0:
             want = min(chunk_size, left)
-            chunk = source.read(want)
+            chunk = _read_exactly(source, want)
             if len(chunk) != want:
                 raise SourceError(f"{path}: file shrank while it was packed")
             left -= want
@@ -243,3 +249,20 @@ class Writer:
             self._hasher.shutdown(wait=True, cancel_futures=True)
         if raise_error and self._error is not None:
             self._raise()
+
+
+def _read_exactly(source: BinaryIO, n: int) -> bytes:
+    """Up to n bytes, fewer only at end of file: an unbuffered read may return short (network
+    and FUSE file systems do), which must not look like a file that shrank."""
+    data = source.read(n)
+    if len(data) == n or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = source.read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, NotFound
+from ..format.limits import MAX_JSON_DEPTH
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -44,6 +45,11 @@ def load_config(path: str | Path) -> dict[str, Any]:
                 data = json.loads(text, parse_constant=_reject_constant)
             except json.JSONDecodeError:
                 data = yaml.safe_load(text)
+    except RecursionError:
+        # A nesting bomb: the parsers recurse, and the depth limit is far below theirs anyway.
+        raise ConfigError(
+            f"the config is nested deeper than {_MAX_CONFIG_DEPTH}", url=str(path)
+        ) from None
     except (json.JSONDecodeError, yaml.YAMLError, tomllib.TOMLDecodeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"not a valid config file ({first})", url=str(path)) from None
@@ -60,19 +66,26 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON data")
 
 
-def check_json_data(value: Any, where: str = "") -> Any:
+#: The config sits one level below the top of the head, whose depth readers limit.
+_MAX_CONFIG_DEPTH = MAX_JSON_DEPTH - 1
+
+
+def check_json_data(value: Any, where: str = "", level: int = 0) -> Any:
     """Return ``value`` as plain JSON data (dict/list/str/int/float/bool/None), or raise
-    ConfigError naming the dotted path of the first value JSON cannot represent exactly."""
+    ConfigError naming the dotted path of the first value JSON cannot represent exactly, or
+    of the first mapping or list nested deeper than a restore point's head allows."""
     label = where or "(root)"
+    if isinstance(value, (Mapping, list, tuple)) and level >= _MAX_CONFIG_DEPTH:
+        raise ConfigError(f"config value at {label} is nested deeper than {_MAX_CONFIG_DEPTH}")
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ConfigError(f"config key {key!r} at {label} is not a string")
-            out[key] = check_json_data(item, f"{where}.{key}" if where else key)
+            out[key] = check_json_data(item, f"{where}.{key}" if where else key, level + 1)
         return out
     if isinstance(value, (list, tuple)):
-        return [check_json_data(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [check_json_data(item, f"{where}[{i}]", level + 1) for i, item in enumerate(value)]
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int):

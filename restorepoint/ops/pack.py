@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from .._version import __version__
-from ..errors import ConfigError, SourceError, UsageError, at_url
+from ..errors import ConfigError, IntegrityError, SourceError, UsageError, at_url
 from ..format import (
     CanonicalizationError,
     Codec,
@@ -28,7 +28,9 @@ from ..format import (
     Trainer,
     Writer,
     ZstdCodec,
+    canonical_dumps,
     config_identity,
+    strict_loads,
 )
 from ..format.identity import check_operational_key
 from ..format.limits import CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CHUNK_SIZE_MIN
@@ -77,7 +79,7 @@ def default_threads() -> int:
 def describe(
     *,
     position: Position | int,
-    trainer: Trainer | tuple[str, str] | None = None,
+    trainer: Trainer | Sequence[str] | None = None,
     terms: Mapping[str, str] | None = None,
     config: Mapping[str, Any] | None = None,
     operational_keys: Iterable[str] = (),
@@ -87,11 +89,16 @@ def describe(
     created: str | None = None,
     rp_id: str | None = None,
 ) -> Manifest:
-    """The head of a new restore point, validated exactly as a reader would validate it."""
-    if isinstance(position, int):
-        position = Position(step=position)
-    if isinstance(trainer, tuple):
-        trainer = Trainer(*trainer)
+    """The head of a new restore point, validated exactly as a reader would validate it:
+    whatever the caller passes, a bad value is a UsageError here, before anything is written."""
+    try:
+        if not isinstance(position, Position):
+            position = Position(step=position)
+        if trainer is not None and not isinstance(trainer, Trainer):
+            name, version = trainer
+            trainer = Trainer(name, version)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"bad position or trainer ({exc})") from None
     operational = sorted(set(operational_keys))
     try:
         for key in operational:
@@ -100,6 +107,8 @@ def describe(
         raise UsageError(str(exc)) from None
     identity = None
     if config is not None:
+        if not isinstance(config, Mapping):
+            raise ConfigError("the config must be a mapping")
         config = check_json_data(config)
         try:
             identity = config_identity(config, operational)
@@ -109,14 +118,23 @@ def describe(
         for key, value in mapping.items():
             if not isinstance(key, str) or not key or not isinstance(value, str):
                 raise UsageError(f"a {name} needs a non-empty name and a string value")
-    if trainer is not None and (not trainer.name or not isinstance(trainer.version, str)):
-        raise UsageError("a trainer needs a name and a version")
-    if not CHUNK_SIZE_MIN <= chunk_size <= CHUNK_SIZE_MAX or chunk_size & (chunk_size - 1):
+    if trainer is not None and not (
+        isinstance(trainer.name, str) and trainer.name and isinstance(trainer.version, str)
+    ):
+        raise UsageError("a trainer needs a name and a version, both strings")
+    if cache_root is not None and not isinstance(cache_root, str):
+        raise UsageError("the cache root must be a string")
+    if (
+        not isinstance(chunk_size, int)
+        or isinstance(chunk_size, bool)
+        or not CHUNK_SIZE_MIN <= chunk_size <= CHUNK_SIZE_MAX
+        or chunk_size & (chunk_size - 1)
+    ):
         raise UsageError("chunk size must be a power of two from 64 KiB to 64 MiB")
     if created is None:
         now = datetime.now(timezone.utc)
         created = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
-    return Manifest(
+    head = Manifest(
         id=rp_id or secrets.token_hex(16),
         created=created,
         producer=Producer("restorepoint", __version__),
@@ -130,6 +148,12 @@ def describe(
         cache_keys=dict(cache_keys or {}),
         cache_root=cache_root,
     )
+    # The reader's own checks (id and time formats, depth, number domain) on the exact bytes.
+    try:
+        Manifest.from_head_dict(strict_loads(canonical_dumps(head.head_dict()), "head"))
+    except (IntegrityError, CanonicalizationError) as exc:
+        raise UsageError(f"the restore point would not be readable: {exc}") from None
+    return head
 
 
 def pack(
@@ -137,7 +161,7 @@ def pack(
     dest: str,
     *,
     position: Position | int,
-    trainer: Trainer | tuple[str, str] | None = None,
+    trainer: Trainer | Sequence[str] | None = None,
     terms: Mapping[str, str] | None = None,
     config: Mapping[str, Any] | None = None,
     operational_keys: Iterable[str] = (),

@@ -18,5 +18,5 @@ def test_api_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     namespace: dict[str, object] = {"__name__": "docs_api"}
     for number, block in enumerate(blocks, 1):
         code = compile(block, f"docs/api.md block {number}", "exec")
-        exec(code, namespace)  # noqa: S102 - the documentation's own examples
+        exec(code, namespace)  # the documentation's own examples
     assert (tmp_path / "out" / "step-1500.rp").is_file()

@@ -60,13 +60,15 @@ def test_pack_verify_inspect_json(source: Path, config_file: Path, tmp_path: Pat
     dest = tmp_path / "out" / "x.rp"
     proc = cli(
         "pack", str(source), str(dest), "--step", "7", "--epoch", "1", "--batch", "2",
-        "--trainer", "t=1.0", "--config", str(config_file), "--operational", "train.checkpoint_every",
+        "--trainer", "t=1.0", "--config", str(config_file),
+        "--operational", "train.checkpoint_every",
         "--key", "dataset=abc", "--term", "cuda=12.4", "--cache-root", "/cache", "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     out = json.loads(proc.stdout)
-    assert set(out) == {"ok", "url", "id", "size", "sha256", "files", "bytes", "seconds", "position"}
+    keys = {"ok", "url", "id", "size", "sha256", "files", "bytes", "seconds", "position"}
+    assert set(out) == keys
     assert out["ok"] is True and out["files"] == 2 and out["url"] == str(dest)
     assert out["sha256"] == hashlib.sha256(dest.read_bytes()).hexdigest()
     assert out["size"] == dest.stat().st_size

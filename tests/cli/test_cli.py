@@ -246,7 +246,8 @@ def test_sigterm_during_pack_publishes_nothing(tmp_path: Path) -> None:
         text=True,
     )  # fmt: skip
     # Wait until the packer has started writing (its partial file appears), then terminate it.
-    for _ in range(600):
+    # (Python's start-up alone can take seconds on a loaded machine: wait up to a minute.)
+    for _ in range(6000):
         if any(".rp-partial-" in p.name for p in tmp_path.iterdir()):
             break
         if proc.poll() is not None:

@@ -6,7 +6,7 @@ otherwise go through (tar + zstd + sha256sum, torch.save) and against the single
 
 The source is a checkpoint-like directory of float32 tensors (normally distributed, so close
 to incompressible, like real weights) plus small JSON files, generated once and cached in the
-work directory. Each round runs every tool once, in an order rotated from round to round so
+work directory. Each round runs every tool once, in an order shuffled from round to round so
 that machine noise falls on all of them alike; the table reports the median and the best.
 Peak RSS of pack and verify is measured in child processes, at the source size and at
 multiples of it, to show that memory does not grow with the payload. See docs/performance.md.
@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -33,13 +35,16 @@ from typing import Any
 MIB = 1 << 20
 GIB = 1 << 30
 READ_SIZE = 4 * MIB
+SETTLE_S = 0.5
 
 #: Tensor file sizes in MiB for a 1 GiB source (sum 1024), scaled by --size-gib.
 TENSOR_MIB = (8, 16, 24, 32, 40, 48, 56, 64, 64, 72, 80, 88, 96, 104, 112, 120)
 HINT = "bench_pack.py needs numpy and torch: pip install numpy 'restorepoint[torch]'"
 
-# The child of a peak-RSS run does nothing but the operation, so its ru_maxrss is the
-# operation's (interpreter and imports included, as a user's process would have them).
+# The child of a peak-RSS run does nothing but the operation, so its peak is the operation's
+# (interpreter and imports included, as a user's process would have them). It reports VmHWM,
+# the high-water mark of its own address space: ru_maxrss of a child also counts the parent's
+# RSS at fork time, which here holds the tensors of the torch.save rows.
 CHILD = """
 import sys
 import restorepoint
@@ -48,7 +53,10 @@ if op == "pack":
     restorepoint.pack(sys.argv[2], sys.argv[3], position=0)
 elif op == "verify":
     restorepoint.verify(sys.argv[2])
+with open("/proc/self/status", encoding="ascii") as f:
+    print(next(line.split()[1] for line in f if line.startswith("VmHWM:")))
 """
+TIME = "/usr/bin/time"
 
 
 # -- the source ------------------------------------------------------------------------------
@@ -162,6 +170,7 @@ def run_checked(args: list[str]) -> None:
 
 
 def single_pass(files: list[Path], sink: int | None = None) -> None:
+    """The limit: every source byte read once and sha256-hashed (and written to ``sink``)."""
     buf = bytearray(READ_SIZE)
     view = memoryview(buf)
     for path in files:
@@ -234,14 +243,12 @@ def make_tools(
         def torch_save(out: Path, durable: bool) -> int:
             import torch
 
+            # The two variants differ only by the fsyncs: torch.save to a path, as users call
+            # it, then the file's dirty pages flushed through a second descriptor.
             target = out / "model.pt"
+            torch.save(tensors, target)
             if durable:
-                with target.open("wb") as f:
-                    torch.save(tensors, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-            else:
-                torch.save(tensors, target)
+                fsync_path(target)
             for name, data in smalls.items():
                 path = out / "json" / name
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -285,6 +292,8 @@ def load_torch_state(source: Path) -> tuple[Any, dict[str, bytes]] | None:
             tensors[name] = torch.from_numpy(np.fromfile(path, dtype=np.float32))
         else:
             smalls[name] = path.read_bytes()
+    # torch's first save pays a one-time setup (~0.5 s here) that is not the save's cost.
+    torch.save({"warm": torch.zeros(1)}, io.BytesIO())
     return tensors, smalls
 
 
@@ -294,21 +303,33 @@ def clear(out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     os.sync()
+    # The file system finishes the deletes and the journal commit in the background.
+    time.sleep(SETTLE_S)
 
 
 # -- peak RSS --------------------------------------------------------------------------------
 
 
 def child_rss(*args: str) -> tuple[float, float]:
-    """Peak RSS in MB (10**6 bytes) and wall seconds of one child running CHILD."""
-    started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, *args])
-    # wait4 gives this child's own rusage, not the maximum over all children so far.
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"child {args[0]} failed with {proc.returncode}")
-    return usage.ru_maxrss * 1024 / 1e6, time.perf_counter() - started
+    """Peak RSS in MB (10**6 bytes) and wall seconds of one child running CHILD: as GNU time
+    sees it where /usr/bin/time exists (it forks from a process of about 1 MB), else the
+    child's own VmHWM."""
+    command = [sys.executable, "-c", CHILD, *args]
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as report:
+        timed = os.access(TIME, os.X_OK)
+        if timed:
+            command = [TIME, "-v", "-o", report.name, *command]
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        seconds = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"child {args[0]} failed: {done.stderr[-500:]}")
+        kib = int(done.stdout.split()[-1])
+        if timed:
+            for line in report.read().splitlines():
+                if "Maximum resident set size" in line:
+                    kib = int(line.rsplit(":", 1)[1])
+    return kib * 1024 / 1e6, seconds
 
 
 def measure_rss(source: Path, total: int, workdir: Path, multiples: list[int]) -> list[dict]:
@@ -390,6 +411,7 @@ def targets(runs: dict[str, dict[str, Any]], rss: list[dict]) -> list[dict[str, 
         ("pack / tar pipeline", "pack", "tar", ">=", 2.0),
         ("pack / torch.save+fsync", "pack", "torch_save_fsync", ">=", 1.0),
         ("pack / torch.save (no fsync)", "pack", "torch_save", ">=", 1.0),
+        ("store-only pack / torch.save+fsync", "pack_store", "torch_save_fsync", None, None),
         ("single-pass / store-only pack", "single_pass", "pack_store", "<=", 1.3),
         (
             "single-pass+write+fsync / store-only pack",
@@ -522,8 +544,11 @@ def main(argv: list[str] | None = None) -> int:
         restorepoint.pack(str(source), str(verify_object), position=0)
         tools = make_tools(source, verify_object, torch_state)
         for r in range(args.repeat):
-            shift = r % len(tools)
-            for tool in tools[shift:] + tools[:shift]:
+            # A fresh order each round (seeded, so runs are comparable): no tool always
+            # follows the same neighbour and inherits its writeback or its cache state.
+            order = tools[:]
+            random.Random(r).shuffle(order)
+            for tool in order:
                 clear(out)
                 started = time.perf_counter()
                 size = tool.run(out)
@@ -554,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         "zstandard": zstandard.__version__,
         "torch": _version_of("torch"),
         "numpy": _version_of("numpy"),
+        "rss_method": "GNU time -v" if os.access(TIME, os.X_OK) else "VmHWM",
     }
     print_table(meta, runs, goals, rss)
     if args.json:

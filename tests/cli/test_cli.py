@@ -12,26 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import cli, one_error_line
 
 import restorepoint
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "restorepoint", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-
-
-def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return lines[0]
 
 
 @pytest.fixture

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clirun import cli, one_error_line
 
 from restorepoint.storage import resolve
 from restorepoint.testing.store import StoreConformance, payload, publish_and_fail
@@ -113,24 +112,6 @@ def test_refused_create_only_publish_aborts_its_upload(
 # -- the CLI in a subprocess, reaching the server through its environment -------------------
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "restorepoint", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return lines[0]
-
-
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
     source = tmp_path / "checkpoint"
@@ -144,14 +125,14 @@ def test_cli_pack_then_verify(
     checkpoint: Path, s3_bucket: str, s3_client: Any, s3_env: dict[str, str]
 ) -> None:
     url = f"s3://{s3_bucket}/runs/x.rp"
-    packed = _cli("pack", str(checkpoint), url, "--step", "7", "--json", env=s3_env)
+    packed = cli("pack", str(checkpoint), url, "--step", "7", "--json", env=s3_env)
     assert packed.returncode == 0, packed.stderr
     result = json.loads(packed.stdout)
     assert result["ok"] is True
     assert result["files"] == 2
     head = s3_client.head_object(Bucket=s3_bucket, Key="runs/x.rp")
     assert head["ContentLength"] == result["size"]
-    verified = _cli("verify", url, "--json", env=s3_env)
+    verified = cli("verify", url, "--json", env=s3_env)
     assert verified.returncode == 0, verified.stderr
     report = json.loads(verified.stdout)
     assert (report["ok"], report["id"], report["size"]) == (True, result["id"], result["size"])
@@ -163,7 +144,7 @@ def test_cli_reaches_the_server_through_aws_endpoint_url(
 ) -> None:
     # botocore's own variables are the other way to point a subprocess at the server.
     url = f"s3://{s3_bucket}/x.rp"
-    assert _cli("pack", str(checkpoint), url, "--step", "1", env=s3_env).returncode == 0
+    assert cli("pack", str(checkpoint), url, "--step", "1", env=s3_env).returncode == 0
     env = {k: v for k, v in s3_env.items() if k != "FSSPEC_S3"}
     env.update(
         AWS_ENDPOINT_URL=s3_server.endpoint,
@@ -171,16 +152,16 @@ def test_cli_reaches_the_server_through_aws_endpoint_url(
         AWS_SECRET_ACCESS_KEY="testing",
         AWS_DEFAULT_REGION="us-east-1",
     )
-    verified = _cli("verify", url, "--json", env=env)
+    verified = cli("verify", url, "--json", env=env)
     assert verified.returncode == 0, verified.stderr
     assert json.loads(verified.stdout)["ok"] is True
 
 
 def test_cli_missing_bucket_is_not_found(s3_env: dict[str, str]) -> None:
     url = f"s3://rp-no-such-bucket-{uuid.uuid4().hex[:12]}/x.rp"
-    proc = _cli("verify", url, "--json", env=s3_env)
+    proc = cli("verify", url, "--json", env=s3_env)
     assert proc.returncode == 4
-    line = _one_line(proc)
+    line = one_error_line(proc)
     assert line == f"restorepoint: error: {url}: not found"
     error = json.loads(proc.stdout)["error"]
     assert (error["class"], error["exit_code"], error["url"]) == ("NotFound", 4, url)
@@ -205,9 +186,9 @@ def test_cli_unreachable_endpoint_is_one_line_exit_4(
     )
     url = "s3://rp-unreachable/x.rp"
     args = ("verify", url) if verb == "verify" else ("pack", str(checkpoint), url, "--step", "1")
-    proc = _cli(*args, "--json", env=s3_env_factory(options))
+    proc = cli(*args, "--json", env=s3_env_factory(options))
     assert proc.returncode == 4
-    line = _one_line(proc)
+    line = one_error_line(proc)
     assert line.startswith(f"restorepoint: error: {url}: storage unreachable or failing")
     error = json.loads(proc.stdout)["error"]
     assert (error["class"], error["exit_code"]) == ("StorageUnavailable", 4)

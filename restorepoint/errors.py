@@ -211,13 +211,22 @@ class DigestMismatch(IntegrityError):
 
 
 class IncompatibleRestorePoint(RestorePointError):
-    """A sound restore point that the import gate refuses; ``mismatches`` lists why."""
+    """A sound restore point that the import gate refuses. ``mismatches`` lists why, as data
+    (field, expected, found); ``details`` as one human-readable line per mismatch."""
 
     exit_code = 3
 
-    def __init__(self, message: str, *, url: str | None = None, mismatches: Any = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        mismatches: Any = None,
+        details: list[str] | None = None,
+    ) -> None:
         super().__init__(message, url=url)
         self.mismatches = mismatches if mismatches is not None else []
+        self.details = details if details is not None else []
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()

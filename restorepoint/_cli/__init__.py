@@ -10,6 +10,7 @@ import typer
 from .._version import __version__
 from ._common import EXIT_INTERRUPTED
 from .demo import demo_command
+from .import_ import check_command, import_command
 from .inspect import inspect_command
 from .pack import pack_command
 from .verify import verify_command
@@ -44,6 +45,8 @@ def _root(
 app.command("pack")(pack_command)
 app.command("verify")(verify_command)
 app.command("inspect")(inspect_command)
+app.command("import")(import_command)
+app.command("check")(check_command)
 app.command("demo")(demo_command)
 
 

@@ -45,6 +45,9 @@ def fail(exc: RestorePointError, as_json: bool) -> NoReturn:
     """One line on stderr (and the error as data on stdout with --json), then the exit code."""
     line = str(exc).replace("\n", " ")
     sys.stderr.write(f"restorepoint: error: {line}\n")
+    # A gate refusal lists every mismatch, one a line: field, expected, found.
+    for detail in getattr(exc, "details", None) or ():
+        sys.stderr.write(f"restorepoint:   {detail}\n")
     sys.stderr.flush()
     if as_json:
         print_json({"ok": False, "error": exc.to_dict()})

@@ -10,6 +10,7 @@ import typer
 from ..errors import UsageError
 from ..format import Position
 from ..ops import load_config, pack
+from ..ops.gate import handoff_document, write_handoff
 from ._common import (
     human_bytes,
     parse_pairs,
@@ -46,6 +47,10 @@ def pack_command(
     level: Annotated[
         int, typer.Option(min=-7, max=22, help="zstd level; 0 stores the payload uncompressed.")
     ] = 1,
+    handoff: Annotated[
+        Path | None,
+        typer.Option(help="Also write a handoff file (JSON) for `import --expect` elsewhere."),
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Pack a checkpoint into a restore point, published atomically at DEST."""
@@ -69,6 +74,8 @@ def pack_command(
                 progress=advance,
                 on_start=on_start,
             )
+        if handoff is not None:
+            write_handoff(handoff, handoff_document(result.manifest, result.url))
         if json_:
             print_json(result.to_dict())
         else:

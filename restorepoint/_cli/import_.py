@@ -1,0 +1,91 @@
+"""restorepoint import URL DEST, and restorepoint check URL"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..ops import check, import_restore_point
+from ._common import human_bytes, print_json, progress_bar, run, show_progress
+from ._expect import (
+    CacheRootOpt,
+    ConfigOpt,
+    ExpectFile,
+    KeyOpt,
+    TermOpt,
+    TrainerOpt,
+    build_expectations,
+    require_some,
+)
+
+
+def import_command(
+    url: Annotated[str, typer.Argument(help="URL of the restore point.")],
+    dest: Annotated[Path, typer.Argument(help="Local directory to unpack into.")],
+    check_keys: Annotated[
+        bool,
+        typer.Option("--check-keys", help="Refuse unless every expectation given matches."),
+    ] = False,
+    expect: ExpectFile = None,
+    trainer: TrainerOpt = None,
+    term: TermOpt = None,
+    key: KeyOpt = None,
+    cache_root: CacheRootOpt = None,
+    config: ConfigOpt = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace a non-empty DEST atomically.")
+    ] = False,
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Check a restore point against the expectations, then verify and unpack it into DEST."""
+
+    def body() -> None:
+        expectations = build_expectations(expect, trainer, term, key, cache_root, config)
+        require_some(expectations, check_keys)
+        with progress_bar(show_progress(json_), "importing") as (on_start, advance):
+            result = import_restore_point(
+                url,
+                dest,
+                expect=None if expectations.empty else expectations,
+                force=force,
+                progress=advance,
+                on_start=on_start,
+            )
+        if json_:
+            print_json(result.to_dict())
+            return
+        pos = result.manifest.position
+        where = f"step {pos.step}" + (f", epoch {pos.epoch}" if pos.epoch is not None else "")
+        where += f", batch {pos.batch}" if pos.batch is not None else ""
+        typer.echo(
+            f"imported {where}: {len(result.files)} files, {human_bytes(result.bytes)} "
+            f"verified into {result.dest} in {result.seconds:.2f} s"
+        )
+
+    run(json_, body)
+
+
+def check_command(
+    url: Annotated[str, typer.Argument(help="URL of the restore point.")],
+    expect: ExpectFile = None,
+    trainer: TrainerOpt = None,
+    term: TermOpt = None,
+    key: KeyOpt = None,
+    cache_root: CacheRootOpt = None,
+    config: ConfigOpt = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The import gate alone: can this restore point be resumed here? Exit 0 or 3."""
+
+    def body() -> None:
+        expectations = build_expectations(expect, trainer, term, key, cache_root, config)
+        require_some(expectations, True)
+        result = check(url, expectations)
+        if json_:
+            print_json(result.to_dict())
+        else:
+            typer.echo(f"compatible: step {result.manifest.position.step} ({result.url})")
+
+    run(json_, body)

@@ -1,0 +1,391 @@
+"""import: gate, download, verify and safely unpack a restore point into a local directory.
+
+The importer's algorithm (spec section "Import"), step by step:
+
+1. read the head from a bounded prefix and apply the gate: a refusal writes nothing;
+2. check DEST (absent, an empty directory, or replaced only with ``force``);
+3. read the footer and index (every structural check), and the free space under DEST;
+4. unpack into a fresh staging directory beside DEST, every file created exclusively and
+   without following links, every chunk decoded and every file's sha256 checked as it streams;
+5. only when every file verified, rename the staging directory into place (an atomic exchange
+   when replacing), then fsync the parent.
+
+A failure at any step, a SIGKILL included, leaves DEST as it was; a killed import leaves a
+recognisable staging directory that the next import beside the same DEST removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import secrets
+import shutil
+import socket
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import DestinationError, StorageError, at_url
+from ..format import Manifest, PayloadDecoder, check_path, check_paths, read_head, read_manifest
+from ..storage import Location, resolve, translate
+from .gate import CheckResult, Expectations, mismatches, refuse
+from .pack import default_threads
+
+__all__ = ["ImportResult", "import_restore_point"]
+
+STAGING_MARK = ".rp-import-"
+OLD_MARK = ".rp-old-"
+#: A leftover whose writer may still be alive on another host is removed only when this old.
+STALE_AFTER_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """A restore point unpacked and verified in ``dest``."""
+
+    url: str
+    dest: str
+    manifest: Manifest
+    files: list[str]
+    bytes: int
+    seconds: float
+    check: CheckResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bytes": self.bytes,
+            "dest": self.dest,
+            "files": self.files,
+            "id": self.manifest.id,
+            "ok": True,
+            "position": self.manifest.position.to_dict(),
+            "seconds": round(self.seconds, 6),
+            "url": self.url,
+        }
+
+
+def import_restore_point(
+    url: str | Location,
+    dest: str | os.PathLike[str],
+    *,
+    expect: Expectations | None = None,
+    force: bool = False,
+    threads: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> ImportResult:
+    """Import the restore point at ``url`` into the local directory ``dest``.
+
+    Raises IncompatibleRestorePoint (exit 3) when ``expect`` is not met, DestinationError
+    (exit 2) when DEST is not empty and ``force`` is not set, an IntegrityError (exit 1) when
+    the restore point is not sound, a StorageError (exit 4) when it cannot be read or DEST has
+    no room. In every one of these cases DEST is as it was."""
+    started = time.perf_counter()
+    location = resolve(url, storage_options)
+    target = os.path.abspath(os.fspath(dest))
+    with at_url(location.url):
+        reader = location.reader()
+        try:
+            head = read_head(reader)
+            result = CheckResult(location.url, head.manifest, [])
+            if expect is not None:
+                result = CheckResult(location.url, head.manifest, mismatches(head.manifest, expect))
+                if not result.compatible:
+                    raise refuse(result)
+            replacing = _check_destination(target, force)
+            head, manifest = read_manifest(reader, head)
+            _check_space(target, manifest)
+            if on_start is not None:
+                on_start(manifest.total_size)
+            _clean_leftovers(target)
+            stream = reader.open_stream(head.data_start)
+            try:
+                files = _unpack(manifest, stream, target, replacing, threads, progress)
+            finally:
+                stream.close()
+        finally:
+            reader.close()
+    return ImportResult(
+        url=location.url,
+        dest=target,
+        manifest=manifest,
+        files=files,
+        bytes=manifest.total_size,
+        seconds=time.perf_counter() - started,
+        check=result,
+    )
+
+
+# -- step 2: the destination ----------------------------------------------------------------
+
+
+def _check_destination(target: str, force: bool) -> bool:
+    """Whether DEST exists with contents that will be replaced; refuse what cannot be."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StorageError(f"cannot inspect the destination ({exc.strerror})", url=target) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise DestinationError("the destination is a symbolic link; give its target", url=target)
+    if not stat.S_ISDIR(st.st_mode):
+        raise DestinationError("the destination exists and is not a directory", url=target)
+    if not os.listdir(target):
+        return False
+    if not force:
+        raise DestinationError(
+            "the destination is not empty (use --force to replace it atomically)", url=target
+        )
+    return True
+
+
+def _check_space(target: str, manifest: Manifest) -> None:
+    parent = os.path.dirname(target)
+    while parent and not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    need = manifest.total_size + 4096 * (manifest.file_count + 1)
+    try:
+        free = shutil.disk_usage(parent or ".").free
+    except OSError:
+        return
+    if free < need:
+        raise StorageError(
+            f"not enough space for the payload: {need} bytes needed, {free} free",
+            url=target,
+            expected=need,
+            found=free,
+        )
+
+
+# -- step 4: staging ------------------------------------------------------------------------
+
+
+def _leftover_prefixes(target: str) -> tuple[str, str]:
+    name = os.path.basename(target)
+    return f".{name}{STAGING_MARK}", f".{name}{OLD_MARK}"
+
+
+def _new_name(target: str, mark: str) -> str:
+    host = socket.gethostname().replace("/", "_") or "host"
+    name = f".{os.path.basename(target)}{mark}{host}-{os.getpid()}-{secrets.token_hex(6)}"
+    return os.path.join(os.path.dirname(target), name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_leftovers(target: str) -> None:
+    """Remove staging (and replaced) directories of earlier imports into DEST whose importer is
+    gone: on this host when its process no longer exists, from elsewhere when a day old."""
+    parent = os.path.dirname(target)
+    host = socket.gethostname().replace("/", "_") or "host"
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        for prefix in _leftover_prefixes(target):
+            if not name.startswith(prefix):
+                continue
+            owner, _, rest = name[len(prefix) :].rpartition("-")
+            owner_host, _, pid_text = owner.rpartition("-")
+            path = os.path.join(parent, name)
+            try:
+                age = time.time() - os.lstat(path).st_mtime
+            except OSError:
+                continue
+            mine = owner_host == host and pid_text.isdigit() and rest
+            if (mine and not _alive(int(pid_text))) or age > STALE_AFTER_S:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+class _Tree:
+    """Directories under a staging root, opened relative to each other without following any
+    link: nothing planted on the way can redirect a write outside the root."""
+
+    FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.fds: dict[str, int] = {"": os.open(root, self.FLAGS)}
+
+    def directory(self, rel: str) -> int:
+        fd = self.fds.get(rel)
+        if fd is not None:
+            return fd
+        parent, _, name = rel.rpartition("/")
+        parent_fd = self.directory(parent)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        fd = os.open(name, self.FLAGS, dir_fd=parent_fd)
+        self.fds[rel] = fd
+        return fd
+
+    def create(self, path: str) -> int:
+        parent, _, name = path.rpartition("/")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(name, flags, 0o644, dir_fd=self.directory(parent))
+
+    def sync_and_close(self) -> None:
+        # Deepest first, so that each directory's entries are durable before its parent's.
+        for rel in sorted(self.fds, key=lambda r: -r.count("/") - (1 if r else 0)):
+            fd = self.fds.pop(rel)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+
+
+def _unpack(
+    manifest: Manifest,
+    stream: Any,
+    target: str,
+    replacing: bool,
+    threads: int | None,
+    progress: Callable[[int], None] | None,
+) -> list[str]:
+    assert manifest.payload is not None
+    # The path rules again, on exactly what will be written (defence in depth: the reader
+    # checked them too).
+    for entry in manifest.payload:
+        check_path(entry.path)
+    check_paths(e.path for e in manifest.payload)
+    parent = os.path.dirname(target)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = _new_name(target, STAGING_MARK)
+        os.mkdir(staging, 0o700)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot create the staging directory ({exc.strerror})", url=target
+        ) from None
+    try:
+        try:
+            tree = _Tree(staging)
+            try:
+                _write_files(manifest, stream, tree, threads, progress)
+                tree.sync_and_close()
+            finally:
+                tree.close()
+            os.chmod(staging, 0o755 & ~_umask())
+        except OSError as exc:
+            raise translate(exc, target) from None
+        _commit(staging, target, replacing)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [os.path.join(target, *e.path.split("/")) for e in manifest.payload]
+
+
+def _write_files(
+    manifest: Manifest,
+    stream: Any,
+    tree: _Tree,
+    threads: int | None,
+    progress: Callable[[int], None] | None,
+) -> None:
+    assert manifest.payload is not None
+    decoder = PayloadDecoder(manifest, stream, threads=threads or default_threads())
+    fd = -1
+    current = None
+    try:
+        for entry in manifest.payload:
+            if entry.size == 0:
+                os.close(tree.create(entry.path))
+        for entry, chunk in decoder.events():
+            if chunk is None:
+                if fd >= 0:
+                    os.fsync(fd)
+                    os.close(fd)
+                    fd = -1
+                current = None
+                continue
+            if entry is not current:
+                fd = tree.create(entry.path)
+                current = entry
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
+            if progress is not None:
+                progress(len(chunk))
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# -- step 5: into place ---------------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    func = getattr(libc, "renameat2", None)
+    if func is None:
+        return False
+    func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    rc = func(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _commit(staging: str, target: str, replacing: bool) -> None:
+    parent = os.path.dirname(target)
+    try:
+        if not replacing:
+            # rename(2) also replaces an empty directory atomically.
+            os.rename(staging, target)
+        elif _exchange(staging, target):
+            shutil.rmtree(staging, ignore_errors=True)  # now the previous contents
+        else:
+            # No atomic exchange on this file system: move the old tree aside under a
+            # recognisable name first. A crash between the two renames leaves DEST absent
+            # and the old tree beside it, never a mixture.
+            old = _new_name(target, OLD_MARK)
+            os.rename(target, old)
+            os.rename(staging, target)
+            shutil.rmtree(old, ignore_errors=True)
+        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot move the import into place ({exc.strerror})", url=target
+        ) from None

@@ -9,6 +9,7 @@ payload's size.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import queue
 import threading
@@ -157,14 +158,15 @@ class Writer:
         return manifest, digest, self._position
 
     def abort(self) -> None:
-        """Stop the threads after a failure; the caller discards what was written."""
+        """Stop the threads after a failure; the caller discards what was written. Never
+        raises: it runs while another exception (a signal, even) is on its way out, and may
+        find the threads in any state, a writer thread whose start was interrupted included."""
         self._error = self._error or RuntimeError("aborted")
-        try:
+        with contextlib.suppress(Exception):
             while True:
                 self._queue.get_nowait()
-        except queue.Empty:
-            pass
-        self._stop(raise_error=False)
+        with contextlib.suppress(Exception):
+            self._stop(raise_error=False)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -227,6 +229,8 @@ class Writer:
             self._error = exc
 
     def _stop(self, raise_error: bool = True) -> None:
+        if self._thread is not None and self._thread.ident is None:
+            self._thread = None  # never started: nothing to join
         if self._thread is not None:
             while self._thread.is_alive():
                 try:

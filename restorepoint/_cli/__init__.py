@@ -13,6 +13,7 @@ from .demo import demo_command
 from .import_ import check_command, import_command
 from .inspect import inspect_command
 from .pack import pack_command
+from .store import latest_command, list_command, prune_command
 from .verify import verify_command
 
 __all__ = ["app", "main"]
@@ -47,6 +48,9 @@ app.command("verify")(verify_command)
 app.command("inspect")(inspect_command)
 app.command("import")(import_command)
 app.command("check")(check_command)
+app.command("list")(list_command)
+app.command("latest")(latest_command)
+app.command("prune")(prune_command)
 app.command("demo")(demo_command)
 
 

@@ -19,11 +19,14 @@ from ._expect import (
     build_expectations,
     require_some,
 )
+from .store import LatestOpt, RunOpt, target
 
 
 def import_command(
     url: Annotated[str, typer.Argument(help="URL of the restore point.")],
     dest: Annotated[Path, typer.Argument(help="Local directory to unpack into.")],
+    use_latest: LatestOpt = False,
+    run_id: RunOpt = None,
     check_keys: Annotated[
         bool,
         typer.Option("--check-keys", help="Refuse unless every expectation given matches."),
@@ -46,7 +49,7 @@ def import_command(
         require_some(expectations, check_keys)
         with progress_bar(show_progress(json_), "importing") as (on_start, advance):
             result = import_restore_point(
-                url,
+                target(url, use_latest, run_id),
                 dest,
                 expect=None if expectations.empty else expectations,
                 force=force,
@@ -69,6 +72,8 @@ def import_command(
 
 def check_command(
     url: Annotated[str, typer.Argument(help="URL of the restore point.")],
+    use_latest: LatestOpt = False,
+    run_id: RunOpt = None,
     expect: ExpectFile = None,
     trainer: TrainerOpt = None,
     term: TermOpt = None,
@@ -82,7 +87,7 @@ def check_command(
     def body() -> None:
         expectations = build_expectations(expect, trainer, term, key, cache_root, config)
         require_some(expectations, True)
-        result = check(url, expectations)
+        result = check(target(url, use_latest, run_id), expectations)
         if json_:
             print_json(result.to_dict())
         else:

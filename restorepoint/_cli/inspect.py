@@ -9,10 +9,13 @@ import typer
 from ..format import Manifest
 from ..ops import read_manifest
 from ._common import human_bytes, print_json, run
+from .store import LatestOpt, RunOpt, target
 
 
 def inspect_command(
     url: Annotated[str, typer.Argument(help="URL of the restore point.")],
+    use_latest: LatestOpt = False,
+    run_id: RunOpt = None,
     head: Annotated[
         bool, typer.Option("--head", help="Read only the bounded prefix (identity, position).")
     ] = False,
@@ -21,9 +24,10 @@ def inspect_command(
     """Show a restore point's manifest without reading its payload."""
 
     def body() -> None:
-        manifest = read_manifest(url, head_only=head)
+        chosen = target(url, use_latest, run_id)
+        manifest = read_manifest(chosen, head_only=head)
         if json_:
-            print_json({"manifest": manifest.to_dict(), "ok": True, "url": url})
+            print_json({"manifest": manifest.to_dict(), "ok": True, "url": chosen})
         else:
             typer.echo(render(manifest))
 

@@ -10,7 +10,9 @@ import typer
 from ..errors import UsageError
 from ..format import Position
 from ..ops import load_config, pack
+from ..ops._naming import is_store_url
 from ..ops.gate import handoff_document, write_handoff
+from ..ops.store import prune
 from ._common import (
     human_bytes,
     parse_pairs,
@@ -44,6 +46,14 @@ def pack_command(
         list[str] | None, typer.Option(help="Version term K=V that must match on import.")
     ] = None,
     cache_root: Annotated[str | None, typer.Option(help="Cache root of the run.")] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option("--run", help="Run id (default: derived from the config identity)."),
+    ] = None,
+    keep_last: Annotated[
+        int | None,
+        typer.Option(min=1, help="DEST is a store: then prune the run to its N newest."),
+    ] = None,
     level: Annotated[
         int, typer.Option(min=-7, max=22, help="zstd level; 0 stores the payload uncompressed.")
     ] = 1,
@@ -59,6 +69,8 @@ def pack_command(
         if batch is not None and epoch is None:
             raise UsageError("--batch needs --epoch")
         position = Position(step=step, epoch=epoch, batch=batch)
+        if keep_last is not None and not is_store_url(dest):
+            raise UsageError("--keep-last needs a store DEST (a URL ending in /)")
         with progress_bar(show_progress(json_), "packing") as (on_start, advance):
             result = pack(
                 source,
@@ -71,13 +83,18 @@ def pack_command(
                 cache_keys=parse_pairs(key, "--key"),
                 cache_root=cache_root,
                 level=level,
+                run=run_id,
                 progress=advance,
                 on_start=on_start,
             )
+        report = prune(dest, keep_last=keep_last, run=result.manifest.run) if keep_last else None
         if handoff is not None:
             write_handoff(handoff, handoff_document(result.manifest, result.url))
         if json_:
-            print_json(result.to_dict())
+            out = result.to_dict()
+            if report is not None:
+                out["pruned"] = report.deleted
+            print_json(out)
         else:
             typer.echo(
                 f"packed {result.files} files, {human_bytes(result.bytes)} -> "
@@ -85,5 +102,7 @@ def pack_command(
             )
             typer.echo(f"sha256 {result.sha256}")
             typer.echo(result.url)
+            for url in report.deleted if report is not None else ():
+                typer.echo(f"deleted {url}")
 
     run(json_, body)

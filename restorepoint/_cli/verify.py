@@ -8,17 +8,20 @@ import typer
 
 from ..ops import verify
 from ._common import human_bytes, print_json, progress_bar, run, show_progress
+from .store import LatestOpt, RunOpt, target
 
 
 def verify_command(
     url: Annotated[str, typer.Argument(help="URL of the restore point.")],
+    use_latest: LatestOpt = False,
+    run_id: RunOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Verify a restore point end to end: structure, manifest, every payload digest."""
 
     def body() -> None:
         with progress_bar(show_progress(json_), "verifying") as (on_start, advance):
-            report = verify(url, progress=advance, on_start=on_start)
+            report = verify(target(url, use_latest, run_id), progress=advance, on_start=on_start)
         if json_:
             print_json(report.to_dict())
         else:

@@ -22,6 +22,7 @@ from .paths import check_paths
 
 __all__ = [
     "KNOWN_FEATURES",
+    "RUN_PATTERN",
     "Entry",
     "Manifest",
     "Position",
@@ -35,6 +36,8 @@ KNOWN_FEATURES: frozenset[str] = frozenset()
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _CREATED = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$")
+#: A run id: safe as one path component of a store on every backend.
+RUN_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _VERSION = re.compile(r"^([0-9]{1,5})\.([0-9]{1,5})$")
 
 
@@ -126,6 +129,7 @@ class Manifest:
     operational_keys: tuple[str, ...] = ()
     cache_keys: Mapping[str, str] = field(default_factory=dict)
     cache_root: str | None = None
+    run: str | None = None
     required_features: tuple[str, ...] = ()
     format_version: str = FORMAT_VERSION
     payload: tuple[Entry, ...] | None = None
@@ -161,6 +165,7 @@ class Manifest:
             "position": self.position.to_dict(),
             "producer": self.producer.to_dict(),
             "required_features": list(self.required_features),
+            "run": self.run,
             "terms": dict(self.terms),
             "trainer": self.trainer.to_dict() if self.trainer is not None else None,
         }
@@ -255,6 +260,12 @@ class Manifest:
         cache_root = obj.get("cache_root", None)
         if cache_root is not None:
             _str(cache_root, "cache_root")
+        run = obj.get("run", None)
+        if run is not None and not RUN_PATTERN.match(_str(run, "run")):
+            raise MalformedManifest(
+                "run must be 1 to 64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
         return cls(
             id=rp_id,
             created=created,
@@ -271,6 +282,7 @@ class Manifest:
             operational_keys=tuple(operational),
             cache_keys=_str_map(obj.get("cache_keys"), "cache_keys"),
             cache_root=cache_root,
+            run=run,
             required_features=tuple(features),
             format_version=version,
         )

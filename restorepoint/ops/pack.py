@@ -34,8 +34,10 @@ from ..format import (
 )
 from ..format.identity import check_operational_key
 from ..format.limits import CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CHUNK_SIZE_MIN
+from ..format.manifest import RUN_PATTERN
 from ..storage import Location, resolve
 from ._config import check_json_data
+from ._naming import entry_name, is_store_url
 from ._source import SourceFile, list_source
 
 __all__ = ["DEFAULT_LEVEL", "PackResult", "describe", "pack"]
@@ -76,6 +78,11 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def default_run(identity: str) -> str:
+    """The run id of a config: what is trained, so a resubmitted job finds its own run."""
+    return f"cfg-{identity[:16]}"
+
+
 def describe(
     *,
     position: Position | int,
@@ -88,6 +95,7 @@ def describe(
     chunk_size: int = CHUNK_SIZE_DEFAULT,
     created: str | None = None,
     rp_id: str | None = None,
+    run: str | None = None,
 ) -> Manifest:
     """The head of a new restore point, validated exactly as a reader would validate it:
     whatever the caller passes, a bad value is a UsageError here, before anything is written."""
@@ -124,6 +132,13 @@ def describe(
         raise UsageError("a trainer needs a name and a version, both strings")
     if cache_root is not None and not isinstance(cache_root, str):
         raise UsageError("the cache root must be a string")
+    if run is None and identity is not None:
+        run = default_run(identity)
+    if run is not None and (not isinstance(run, str) or not RUN_PATTERN.match(run)):
+        raise UsageError(
+            f"run {run!r} must be 1 to 64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
     if (
         not isinstance(chunk_size, int)
         or isinstance(chunk_size, bool)
@@ -147,6 +162,7 @@ def describe(
         operational_keys=tuple(operational),
         cache_keys=dict(cache_keys or {}),
         cache_root=cache_root,
+        run=run,
     )
     # The reader's own checks (id and time formats, depth, number domain) on the exact bytes.
     try:
@@ -158,7 +174,7 @@ def describe(
 
 def pack(
     source: str | os.PathLike[str],
-    dest: str,
+    dest: str | Location,
     *,
     position: Position | int,
     trainer: Trainer | Sequence[str] | None = None,
@@ -175,8 +191,14 @@ def pack(
     on_start: Callable[[int], None] | None = None,
     created: str | None = None,
     rp_id: str | None = None,
+    run: str | None = None,
+    into_store: bool | None = None,
 ) -> PackResult:
     """Pack ``source`` (a directory or one file) into a restore point published at ``dest``.
+
+    A ``dest`` that ends in "/" (or ``into_store=True``) is a store: the restore point is
+    published create-only under its store name, ``RUN/STEP-CREATED-ID.rp`` (a run is then
+    required: ``run=``, or a config to derive it from).
 
     ``level`` is the zstd level (``None`` or 0 store the payload uncompressed). ``progress`` is
     called with each number of source bytes read; ``on_start`` once with the total."""
@@ -192,6 +214,7 @@ def pack(
         chunk_size=chunk_size,
         created=created,
         rp_id=rp_id,
+        run=run,
     )
     codec: Codec
     try:
@@ -202,9 +225,14 @@ def pack(
     total = sum(f.size for f in files)
     if on_start is not None:
         on_start(total)
-    with at_url(dest):
-        location = resolve(dest, storage_options)
-        manifest, digest, size = _publish(location, head, codec, files, total, threads, progress)
+    store = is_store_url(dest) if into_store is None else into_store
+    location = resolve(dest, storage_options)
+    if store:
+        location = location.join(entry_name(head))
+    with at_url(location.url):
+        manifest, digest, size = _publish(
+            location, head, codec, files, total, threads, progress, create_only=store
+        )
     return PackResult(
         url=location.url,
         id=manifest.id,
@@ -225,9 +253,11 @@ def _publish(
     total: int,
     threads: int | None,
     progress: Callable[[int], None] | None,
+    *,
+    create_only: bool = False,
 ) -> tuple[Manifest, str, int]:
     """Writer steps 1-6 into an atomic publisher; the commit is the last step."""
-    with location.publish(size_hint=total) as publisher:
+    with location.publish(size_hint=total, create_only=create_only) as publisher:
         writer = Writer(publisher, head, codec, threads or default_threads(), progress)
         try:
             writer.begin()

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import at_url
 from ..format import Head, Manifest, PayloadDecoder, read_head
 from ..format import read_manifest as format_read_manifest
-from ..storage import resolve
+from ..storage import Location, resolve
 from .pack import default_threads
 
 __all__ = ["VerifyReport", "read_head_of", "read_manifest", "verify"]
@@ -45,7 +45,7 @@ class VerifyReport:
 
 
 def verify(
-    url: str,
+    url: str | Location,
     *,
     threads: int | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -55,19 +55,19 @@ def verify(
     """Verify the restore point at ``url``; raise an IntegrityError subclass naming the first
     fault found, or a StorageError if it cannot be read."""
     started = time.perf_counter()
-    with at_url(url):
-        return _verify(url, started, threads, storage_options, progress, on_start)
+    location = resolve(url, storage_options)
+    with at_url(location.url):
+        return _verify(location, started, threads, progress, on_start)
 
 
 def _verify(
-    url: str,
+    location: Location,
     started: float,
     threads: int | None,
-    storage_options: dict[str, Any] | None,
     progress: Callable[[int], None] | None,
     on_start: Callable[[int], None] | None,
 ) -> VerifyReport:
-    reader = resolve(url, storage_options).reader()
+    reader = location.reader()
     try:
         head, manifest = format_read_manifest(reader)
         if on_start is not None:
@@ -87,7 +87,7 @@ def _verify(
     finally:
         reader.close()
     return VerifyReport(
-        url=url,
+        url=location.url,
         manifest=manifest,
         size=size,
         files=manifest.file_count,
@@ -96,10 +96,11 @@ def _verify(
     )
 
 
-def read_head_of(url: str, *, storage_options: dict[str, Any] | None = None) -> Head:
+def read_head_of(url: str | Location, *, storage_options: dict[str, Any] | None = None) -> Head:
     """The identity part of the restore point at ``url``, from a bounded prefix only."""
-    with at_url(url):
-        reader = resolve(url, storage_options).reader()
+    location = resolve(url, storage_options)
+    with at_url(location.url):
+        reader = location.reader()
         try:
             return read_head(reader)
         finally:
@@ -107,13 +108,14 @@ def read_head_of(url: str, *, storage_options: dict[str, Any] | None = None) -> 
 
 
 def read_manifest(
-    url: str, *, head_only: bool = False, storage_options: dict[str, Any] | None = None
+    url: str | Location, *, head_only: bool = False, storage_options: dict[str, Any] | None = None
 ) -> Manifest:
     """The manifest of the restore point at ``url``, checked for structure, without reading
     the payload. ``head_only`` reads just the bounded prefix (the identity part; ``payload``
     is then None), as the import gate does."""
-    with at_url(url):
-        reader = resolve(url, storage_options).reader()
+    location = resolve(url, storage_options)
+    with at_url(location.url):
+        reader = location.reader()
         try:
             if head_only:
                 return read_head(reader).manifest

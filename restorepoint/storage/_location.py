@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
 from ..errors import StorageError, UsageError
-from ._errors import missing_extra, translating
+from ._errors import missing_extra, translate, translating
 
 __all__ = [
     "PARTIAL_MARK",
     "Abilities",
     "Location",
+    "ObjectInfo",
     "ObjectReader",
+    "PendingUpload",
     "Publisher",
     "is_partial_name",
     "resolve",
@@ -57,11 +59,15 @@ class Abilities:
     deferred_commit: bool = False
     create_only: bool = False
     listing_cache: bool = False
+    #: interrupted uploads can be listed and aborted (S3 multipart uploads)
+    pending_uploads: bool = False
 
 
 _ABILITIES: dict[str, Abilities] = {
     "file": Abilities(atomic_rename=True, create_only=True),
-    "s3": Abilities(deferred_commit=True, create_only=True, listing_cache=True),
+    "s3": Abilities(
+        deferred_commit=True, create_only=True, listing_cache=True, pending_uploads=True
+    ),
     # gcsfs can ask for a create-only upload, but the GCS emulator does not honour it, so
     # nothing here relies on it for safety.
     "gcs": Abilities(deferred_commit=True, listing_cache=True),
@@ -95,11 +101,53 @@ class Publisher(Protocol):
     def discard(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class ObjectInfo:
+    """An object found under a prefix: its name relative to the prefix ("/"-separated)."""
+
+    name: str
+    url: str
+    size: int
+    modified: float | None  # seconds since the epoch, when the backend says
+
+
+@dataclass(frozen=True)
+class PendingUpload:
+    """An upload that was started and never completed nor aborted (a killed writer's)."""
+
+    name: str
+    url: str
+    initiated: float | None
+    upload_id: str
+
+
 class Location:
-    """One object's URL resolved to a backend. Construct with ``resolve(url)``."""
+    """One URL resolved to a backend: an object, or a prefix that holds objects. Construct with
+    ``resolve(url)``."""
 
     url: str
     abilities: Abilities
+
+    def join(self, name: str) -> Location:
+        """The location of ``name`` ("/"-separated) under this prefix."""
+        raise NotImplementedError
+
+    def list_objects(self) -> list[ObjectInfo]:
+        """Every object under this prefix, recursively, partial names included, as the store
+        holds them now: listing caches are bypassed, so an object another process published
+        is never hidden. A prefix that does not exist holds nothing."""
+        raise NotImplementedError
+
+    def delete(self) -> None:
+        """Remove this object; one that is already gone is not an error."""
+        raise NotImplementedError
+
+    def pending_uploads(self) -> list[PendingUpload]:
+        """Interrupted uploads under this prefix (where ``abilities.pending_uploads``)."""
+        return []
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        raise NotImplementedError
 
     def reader(self) -> ObjectReader:
         raise NotImplementedError
@@ -214,6 +262,38 @@ class LocalLocation(Location):
 
     def reader(self) -> ObjectReader:
         return _LocalReader(self.url, self.path)
+
+    def join(self, name: str) -> Location:
+        return LocalLocation(_join_url(self.url, name), os.path.join(self.path, *name.split("/")))
+
+    def list_objects(self) -> list[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        if not os.path.isdir(self.path):
+            return out
+
+        def onerror(exc: OSError) -> None:
+            raise translate(exc, self.url)
+
+        with translating(self.url):
+            for directory, _dirs, names in os.walk(self.path, onerror=onerror):
+                for name in names:
+                    full = os.path.join(directory, name)
+                    try:
+                        st = os.lstat(full)
+                    except FileNotFoundError:
+                        continue  # removed while we listed
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    rel = os.path.relpath(full, self.path).replace(os.sep, "/")
+                    out.append(ObjectInfo(rel, _join_url(self.url, rel), st.st_size, st.st_mtime))
+        return sorted(out, key=lambda o: o.name)
+
+    def delete(self) -> None:
+        with translating(self.url):
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                return
 
     def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
         return _LocalPublisher(self.url, self.path, create_only)
@@ -361,10 +441,106 @@ class FsspecLocation(Location):
     def reader(self) -> ObjectReader:
         return _FsspecReader(self.url, self.fs, self.path)
 
+    def join(self, name: str) -> Location:
+        return FsspecLocation(
+            _join_url(self.url, name), self.fs, f"{self.path.rstrip('/')}/{name}", self.protocol
+        )
+
+    def list_objects(self) -> list[ObjectInfo]:
+        root = self.path.rstrip("/")
+        with translating(self.url):
+            self.fs.invalidate_cache(root)
+            try:
+                found = self.fs.find(root, detail=True, withdirs=False)
+            except FileNotFoundError:
+                return []
+        out = []
+        for key, info in found.items():
+            if info.get("type", "file") != "file":
+                continue
+            name = key.rstrip("/")
+            if not name.startswith(root + "/"):
+                continue
+            rel = name[len(root) + 1 :]
+            out.append(
+                ObjectInfo(
+                    rel, _join_url(self.url, rel), int(info.get("size") or 0), _modified(info)
+                )
+            )
+        return sorted(out, key=lambda o: o.name)
+
+    def delete(self) -> None:
+        with translating(self.url):
+            try:
+                self.fs.rm_file(self.path)
+            except FileNotFoundError:
+                return
+            finally:
+                self.fs.invalidate_cache(self.path)
+
+    def pending_uploads(self) -> list[PendingUpload]:
+        if not self.abilities.pending_uploads:
+            return []
+        bucket, _, prefix = self.path.partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        out = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        with translating(self.url):
+            while True:
+                page = self.fs.call_s3("list_multipart_uploads", **kwargs)
+                for up in page.get("Uploads", []) or []:
+                    rel = up["Key"][len(prefix) :]
+                    initiated = up.get("Initiated")
+                    out.append(
+                        PendingUpload(
+                            rel,
+                            _join_url(self.url, rel),
+                            initiated.timestamp() if hasattr(initiated, "timestamp") else None,
+                            up["UploadId"],
+                        )
+                    )
+                if not page.get("IsTruncated"):
+                    break
+                kwargs["KeyMarker"] = page.get("NextKeyMarker")
+                kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+        return out
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        bucket, _, prefix = self.path.partition("/")
+        key = (prefix.rstrip("/") + "/" if prefix else "") + upload.name
+        with translating(self.url):
+            self.fs.call_s3(
+                "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload.upload_id
+            )
+
     def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
         if self.abilities.deferred_commit:
             return _DeferredPublisher(self.url, self.fs, self.path, size_hint, create_only)
         return _StagedPublisher(self.url, self.fs, self.path, create_only)
+
+
+def _join_url(url: str, name: str) -> str:
+    return f"{url.rstrip('/')}/{name}"
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """An fsspec info dict's modification time: each backend names it its own way."""
+    for key in ("mtime", "LastModified", "updated", "created", "timeCreated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            from datetime import datetime
+
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
 
 
 def _protocol_of(url: str) -> str:

@@ -1,0 +1,417 @@
+"""Stores: a URL prefix that holds the restore points of one or more runs (spec section
+"Stores").
+
+Layout: ``STORE/RUN/STEP-CREATED-ID.rp``, where STEP is the step in 16 digits, CREATED the
+creation time (``YYYYMMDDTHHMMSSmmmZ``) and ID the first 12 hex digits of the restore-point id,
+so that names sort by run, then step, then time. Anything else under the prefix (partial names,
+other files) is not a restore point and is never listed as one.
+
+Publishing into a store is a create-only publish under a fresh name, so two publishers never
+collide. Pruning deletes the oldest first and never the run's newest restore point, the newest
+one that verifies, or anything newer than that: a prune killed at any moment leaves every
+restore point it meant to keep, and the next prune finishes the job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from ..errors import IntegrityError, NotFound, UsageError, at_url
+from ..format import Manifest, read_head
+from ..storage import Location, ObjectInfo, is_partial_name, resolve
+from ._naming import NAME_PATTERN as _NAME
+from ._naming import RUN_PATTERN as _RUN
+from ._naming import entry_name, is_store_url
+from .pack import PackResult, pack
+from .verify import verify
+
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "PruneReport",
+    "StoreEntry",
+    "entry_name",
+    "is_store_url",
+    "latest",
+    "list_store",
+    "parse_duration",
+    "prune",
+    "publish_into_store",
+]
+
+#: Leftovers of interrupted uploads younger than this are left alone: they may be live.
+DEFAULT_GRACE_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """A restore point in a store, as its name describes it."""
+
+    run: str
+    step: int
+    created: str  # the name's stamp: YYYYMMDDTHHMMSSmmmZ
+    id_prefix: str
+    name: str
+    url: str
+    size: int
+
+    @property
+    def created_at(self) -> float:
+        return (
+            datetime.strptime(self.created, "%Y%m%dT%H%M%S%fZ")
+            .replace(tzinfo=timezone.utc)
+            .timestamp()
+        )
+
+    @property
+    def sort_key(self) -> tuple[int, str, str]:
+        return (self.step, self.created, self.id_prefix)
+
+    def to_dict(self) -> dict[str, Any]:
+        created = datetime.strptime(self.created, "%Y%m%dT%H%M%S%fZ")
+        return {
+            "created": created.strftime("%Y-%m-%dT%H:%M:%S.") + self.created[-4:-1] + "Z",
+            "name": self.name,
+            "run": self.run,
+            "size": self.size,
+            "step": self.step,
+            "url": self.url,
+        }
+
+
+def _parse(info: ObjectInfo) -> StoreEntry | None:
+    parts = info.name.split("/")
+    if len(parts) != 2 or not _RUN.match(parts[0]) or is_partial_name(parts[1]):
+        return None
+    match = _NAME.match(parts[1])
+    if match is None:
+        return None
+    return StoreEntry(
+        run=parts[0],
+        step=int(match.group(1)),
+        created=match.group(2),
+        id_prefix=match.group(3),
+        name=info.name,
+        url=info.url,
+        size=info.size,
+    )
+
+
+def _store(url: str | Location, storage_options: dict[str, Any] | None) -> Location:
+    location = resolve(url, storage_options)
+    if isinstance(url, str) and not url.endswith("/"):
+        location = resolve(url + "/", storage_options)
+    return location
+
+
+def list_store(
+    store: str | Location, *, run: str | None = None, storage_options: dict[str, Any] | None = None
+) -> list[StoreEntry]:
+    """The restore points in a store (of one run), newest first. The store is listed afresh:
+    no listing cache hides what another process published."""
+    location = _store(store, storage_options)
+    if run is not None and not _RUN.match(run):
+        raise UsageError(f"not a run id: {run!r}")
+    with at_url(location.url):
+        scope = location.join(run) if run is not None else location
+        entries = []
+        for info in scope.list_objects():
+            name = f"{run}/{info.name}" if run is not None else info.name
+            entry = _parse(ObjectInfo(name, info.url, info.size, info.modified))
+            if entry is not None:
+                entries.append(entry)
+    return sorted(entries, key=lambda e: (e.run, e.sort_key), reverse=True)
+
+
+def _by_run(entries: Iterable[StoreEntry]) -> dict[str, list[StoreEntry]]:
+    runs: dict[str, list[StoreEntry]] = {}
+    for entry in entries:
+        runs.setdefault(entry.run, []).append(entry)
+    for items in runs.values():
+        items.sort(key=lambda e: e.sort_key, reverse=True)
+    return runs
+
+
+def latest(
+    store: str | Location,
+    *,
+    run: str | None = None,
+    verify_it: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> StoreEntry:
+    """The newest restore point of ``run`` (or of the store's only run); with ``verify_it``,
+    the newest that verifies end to end. NotFound when there is none. With several runs in the
+    store and no ``run``, a UsageError: resuming another run's restore point is never a guess."""
+    location = _store(store, storage_options)
+    entries = list_store(location, run=run)
+    runs = _by_run(entries)
+    if not runs:
+        raise NotFound(
+            "no restore point in the store" + (f" for run {run}" if run else ""), url=location.url
+        )
+    if len(runs) > 1:
+        raise UsageError(
+            f"the store holds {len(runs)} runs ({', '.join(sorted(runs))}): give --run",
+            url=location.url,
+        )
+    (candidates,) = runs.values()
+    for entry in candidates:
+        try:
+            if verify_it:
+                _verify_entry(location.join(entry.name), entry)
+            else:
+                _check_name(location.join(entry.name), entry)
+        except IntegrityError:
+            continue  # not a sound restore point of this run: the next older one may be
+        return entry
+    raise NotFound(f"no restore point of run {candidates[0].run} verifies", url=location.url)
+
+
+def _check_name(location: Location, entry: StoreEntry) -> None:
+    """The head must say what the name says (run, step, id): a restore point copied under
+    another run's name is not that run's."""
+    reader = location.reader()
+    try:
+        head = read_head(reader).manifest
+    finally:
+        reader.close()
+    _same(head, location, entry)
+
+
+def _verify_entry(location: Location, entry: StoreEntry) -> None:
+    """Verify end to end, and that the head says what the name says."""
+    _same(verify(location).manifest, location, entry)
+
+
+def _same(head: Manifest, location: Location, entry: StoreEntry) -> None:
+    if (
+        head.run != entry.run
+        or head.position.step != entry.step
+        or not head.id.startswith(entry.id_prefix)
+    ):
+        raise IntegrityError(
+            f"the head says run {head.run}, step {head.position.step}, id {head.id[:12]}; "
+            f"its name says run {entry.run}, step {entry.step}, id {entry.id_prefix}",
+            url=location.url,
+        )
+
+
+def publish_into_store(
+    source: str | os.PathLike[str],
+    store: str,
+    *,
+    keep_last: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> tuple[PackResult, PruneReport | None]:
+    """Pack ``source`` into the store under its store name (create-only), then, with
+    ``keep_last``, prune the run: the new restore point is complete before any older one goes."""
+    location = _store(store, storage_options)
+    result = pack(source, location, into_store=True, **options)
+    report = None
+    if keep_last is not None:
+        report = prune(location, keep_last=keep_last, run=result.manifest.run)
+    return result, report
+
+
+# -- prune ----------------------------------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"([0-9]+)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``6h``, ``7d``, ``2w``, or sums like ``1d12h``, in seconds."""
+    text = text.strip().lower()
+    pos = 0
+    total = 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += int(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise UsageError(f"not a duration: {text!r} (use e.g. 90s, 30m, 6h, 7d, 2w, 1d12h)")
+    return total
+
+
+@dataclass
+class RunPlan:
+    """What prune decided for one run: each kept restore point with the rules that keep it."""
+
+    run: str
+    keep: list[tuple[StoreEntry, list[str]]] = field(default_factory=list)
+    delete: list[StoreEntry] = field(default_factory=list)
+    verified: str | None = None  # name of the newest restore point that verifies
+    unverified: list[str] = field(default_factory=list)  # names that failed verification
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "delete": [e.to_dict() for e in self.delete],
+            "failed_verification": self.unverified,
+            "keep": [{**e.to_dict(), "reasons": reasons} for e, reasons in self.keep],
+            "newest_verified": self.verified,
+            "run": self.run,
+        }
+
+
+@dataclass
+class PruneReport:
+    store: str
+    dry_run: bool
+    runs: list[RunPlan]
+    deleted: list[str]
+    leftovers: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "deleted": self.deleted,
+            "dry_run": self.dry_run,
+            "leftovers": self.leftovers,
+            "ok": True,
+            "runs": [r.to_dict() for r in self.runs],
+            "store": self.store,
+        }
+
+
+def _plan_run(
+    location: Location,
+    run: str,
+    entries: list[StoreEntry],
+    *,
+    keep_last: int | None,
+    keep_every: int | None,
+    keep_within: float | None,
+    verify_entry: Callable[[Location, StoreEntry], None],
+) -> RunPlan:
+    """Retention for one run, newest first. Protected whatever the rules say: the newest
+    restore point, the newest one that verifies, and everything newer than that one."""
+    plan = RunPlan(run)
+    reasons: dict[str, list[str]] = {e.name: [] for e in entries}
+    reasons[entries[0].name].append("newest")
+    for entry in entries:
+        try:
+            verify_entry(location.join(entry.name), entry)
+        except IntegrityError:
+            plan.unverified.append(entry.name)
+            reasons[entry.name].append("newer than the newest that verifies")
+            continue
+        plan.verified = entry.name
+        reasons[entry.name].append("newest that verifies")
+        break
+    if keep_last:
+        for entry in entries[:keep_last]:
+            reasons[entry.name].append(f"keep-last {keep_last}")
+    if keep_every:
+        seen: set[int] = set()
+        for entry in entries:
+            bucket = entry.step // keep_every
+            if bucket not in seen:
+                seen.add(bucket)
+                reasons[entry.name].append(f"keep-every {keep_every}")
+    if keep_within is not None:
+        newest = entries[0].created_at
+        for entry in entries:
+            if newest - entry.created_at <= keep_within:
+                reasons[entry.name].append("keep-within")
+    for entry in entries:
+        if reasons[entry.name]:
+            plan.keep.append((entry, reasons[entry.name]))
+        else:
+            plan.delete.append(entry)
+    # Oldest first: a prune killed half-way has removed only what it meant to.
+    plan.delete.sort(key=lambda e: e.sort_key)
+    return plan
+
+
+def prune(
+    store: str | Location,
+    *,
+    keep_last: int | None = None,
+    keep_every: int | None = None,
+    keep_within: str | float | None = None,
+    run: str | None = None,
+    dry_run: bool = False,
+    grace: str | float = DEFAULT_GRACE_S,
+    storage_options: dict[str, Any] | None = None,
+    now: float | None = None,
+) -> PruneReport:
+    """Apply the retention rules to each run (or to ``run`` only) and clean leftovers of
+    interrupted uploads older than ``grace``. See the module docstring for what is never
+    deleted."""
+    if keep_last is None and keep_every is None and keep_within is None:
+        raise UsageError("prune needs a rule: --keep-last, --keep-every or --keep-within")
+    if keep_last is not None and keep_last < 1:
+        raise UsageError("--keep-last must be at least 1")
+    if keep_every is not None and keep_every < 1:
+        raise UsageError("--keep-every must be at least 1 step")
+    within = parse_duration(keep_within) if isinstance(keep_within, str) else keep_within
+    grace_s = parse_duration(grace) if isinstance(grace, str) else float(grace)
+    location = _store(store, storage_options)
+    with at_url(location.url):
+        runs = _by_run(list_store(location, run=run))
+        plans = [
+            _plan_run(
+                location,
+                name,
+                entries,
+                keep_last=keep_last,
+                keep_every=keep_every,
+                keep_within=within,
+                verify_entry=_verify_entry,
+            )
+            for name, entries in sorted(runs.items())
+        ]
+        deleted: list[str] = []
+        if not dry_run:
+            for plan in plans:
+                for entry in plan.delete:
+                    location.join(entry.name).delete()
+                    deleted.append(entry.url)
+        leftovers = _leftovers(
+            location, run, grace_s, now if now is not None else time.time(), dry_run
+        )
+    return PruneReport(location.url, dry_run, plans, deleted, leftovers)
+
+
+def _pid_alive(name: str) -> bool:
+    """Whether the writer named in a local partial name (``...rp-partial-PID-HEX``) lives."""
+    try:
+        pid = int(name.rsplit("-", 2)[-2])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _leftovers(
+    location: Location, run: str | None, grace_s: float, now: float, dry_run: bool
+) -> list[str]:
+    """Partial names and incomplete uploads older than the grace period: never a live one."""
+    scope = location.join(run) if run is not None else location
+    out = []
+    for info in scope.list_objects():
+        base = info.name.rsplit("/", 1)[-1]
+        if not is_partial_name(base):
+            continue
+        if info.modified is None or now - info.modified < grace_s:
+            continue
+        if location.abilities.atomic_rename and _pid_alive(base):
+            continue
+        out.append(info.url)
+        if not dry_run:
+            scope.join(info.name).delete()
+    for upload in scope.pending_uploads():
+        if upload.initiated is None or now - upload.initiated < grace_s:
+            continue
+        out.append(f"{upload.url} (incomplete upload {upload.upload_id})")
+        if not dry_run:
+            scope.abort_upload(upload)
+    return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 HANDOFF_FORMAT = "restorepoint-handoff/1"
+_IDENTITY = re.compile(r"[0-9a-f]{64}")
 
 
 class _Unset:
@@ -97,6 +99,9 @@ class Expectations:
                 new = {**old, **new}
             if name == "config":
                 out = replace(out, config_identity=UNSET)
+            elif name == "config_identity" and overrides.config is UNSET:
+                # Otherwise the base's config would win over the identity asked for on top.
+                out = replace(out, config=UNSET)
             out = replace(out, **{name: new})
         return out
 
@@ -298,6 +303,9 @@ def load_expectations(path: str | os.PathLike[str]) -> Expectations:
         raise NotFound("handoff file not found", url=str(path)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"not a readable handoff file ({exc})", url=str(path)) from None
+    except RecursionError:
+        # A nesting bomb in a hand-edited file: one line, not an internal error.
+        raise ConfigError("handoff file nested too deeply", url=str(path)) from None
     if not isinstance(raw, dict) or raw.get("handoff") != HANDOFF_FORMAT:
         raise ConfigError(f'not a handoff file (no "handoff": "{HANDOFF_FORMAT}")', url=str(path))
     try:
@@ -337,8 +345,11 @@ def expectations_from_dict(raw: Mapping[str, Any]) -> Expectations:
             raise UsageError("config must be a mapping")
         values["config"] = check_json_data(raw["config"])
     elif raw.get("config_identity") is not None:
-        values["config_identity"] = raw["config_identity"]
-    elif "config" in raw:
+        identity = raw["config_identity"]
+        if not isinstance(identity, str) or not _IDENTITY.fullmatch(identity):
+            raise UsageError("config_identity must be 64 lowercase hex digits or null")
+        values["config_identity"] = identity
+    elif "config" in raw or "config_identity" in raw:
         # An explicit null config: expect a restore point that records none.
         values["config_identity"] = None
     return Expectations(**values)

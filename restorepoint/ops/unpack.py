@@ -137,7 +137,11 @@ def _check_destination(target: str, force: bool) -> bool:
         raise DestinationError("the destination is a symbolic link; give its target", url=target)
     if not stat.S_ISDIR(st.st_mode):
         raise DestinationError("the destination exists and is not a directory", url=target)
-    if not os.listdir(target):
+    try:
+        empty = not os.listdir(target)
+    except OSError as exc:
+        raise StorageError(f"cannot list the destination ({exc.strerror})", url=target) from None
+    if empty:
         return False
     if not force:
         raise DestinationError(
@@ -274,20 +278,26 @@ def _unpack(
     try:
         os.makedirs(parent, exist_ok=True)
         staging = _new_name(target, STAGING_MARK)
-        os.mkdir(staging, 0o700)
+        # Made with DEST's mode first, to learn it (0755 less the umask, or what a default ACL
+        # gives) without umask(2), which would change the mask of every thread for a moment;
+        # then closed to others until the move (empty and not writable by others meanwhile).
+        os.mkdir(staging, 0o755)
     except OSError as exc:
         raise StorageError(
             f"cannot create the staging directory ({exc.strerror})", url=target
         ) from None
     try:
         try:
+            mode = stat.S_IMODE(os.lstat(staging).st_mode)
+            os.chmod(staging, 0o700)
             tree = _Tree(staging)
             try:
                 _write_files(manifest, stream, tree, threads, progress)
+                # Before the fsyncs, so that DEST's mode is as durable as its entries.
+                os.chmod(staging, mode)
                 tree.sync_and_close()
             finally:
                 tree.close()
-            os.chmod(staging, 0o755 & ~_umask())
         except OSError as exc:
             raise translate(exc, target) from None
         _commit(staging, target, replacing)
@@ -333,12 +343,6 @@ def _write_files(
             os.close(fd)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 # -- step 5: into place ---------------------------------------------------------------------
 
 _RENAME_EXCHANGE = 2
@@ -378,7 +382,14 @@ def _commit(staging: str, target: str, replacing: bool) -> None:
             # and the old tree beside it, never a mixture.
             old = _new_name(target, OLD_MARK)
             os.rename(target, old)
-            os.rename(staging, target)
+            try:
+                os.rename(staging, target)
+            except BaseException:
+                # Put the old tree back: a failure that is not a crash must not leave DEST
+                # absent (nor the old tree under a name the next cleanup removes).
+                with contextlib.suppress(OSError):
+                    os.rename(old, target)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
         try:

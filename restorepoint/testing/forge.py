@@ -54,6 +54,7 @@ def sample_head(**overrides: Any) -> dict[str, Any]:
         "position": {"batch": 3, "epoch": 1, "step": 1500},
         "producer": {"name": "restorepoint", "version": "0.0.0-vectors"},
         "required_features": [],
+        "run": "vectors-run",
         "terms": {"cuda": "12.4", "torch": "2.13.0"},
         "trainer": {"name": "fake-trainer", "version": "1.0.0"},
     }

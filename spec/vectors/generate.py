@@ -1,9 +1,11 @@
 """Golden vectors for restore-point format v1: a few valid objects and many broken ones, each
-broken one with exactly one fault.
+broken one with exactly one fault; and gate vectors: expectation files (handoff JSON) under gate/
+for valid objects, each with the import gate's decision.
 
-    python spec/vectors/generate.py           write the .rp files and index.json beside this file
+    python spec/vectors/generate.py           write the .rp files, gate/*.json and index.json
     python spec/vectors/generate.py --check   regenerate in memory, compare byte for byte with the
-                                              committed files, and run the reader on every vector
+                                              committed files, run the reader on every vector and
+                                              the gate on every gate vector
 
 Every object is built with ``restorepoint.testing.forge``: it recomputes each digest, offset and
 length that a vector does not override, so the planted fault is the only one. Nothing here
@@ -30,14 +32,21 @@ HERE = Path(__file__).resolve().parent
 # The vectors are checked against the restorepoint of this checkout, not an installed one.
 sys.path.insert(0, str(HERE.parents[1]))
 
+import restorepoint  # noqa: E402
 from restorepoint import errors  # noqa: E402
 from restorepoint.format import PayloadDecoder, read_manifest  # noqa: E402
 from restorepoint.format._json import canonical_dumps  # noqa: E402
 from restorepoint.format.identity import config_identity  # noqa: E402
 from restorepoint.format.limits import MAX_HEAD_BYTES, MAX_INDEX_BYTES, zstd_bound  # noqa: E402
+from restorepoint.ops.gate import handoff_document, load_expectations  # noqa: E402
 from restorepoint.testing.forge import ForgedEntry, Parts, assemble  # noqa: E402
 
 INDEX = "index.json"
+GATE = "gate"
+#: The gate vectors' records: a file of their own, so that index.json keeps one record shape.
+GATE_INDEX = f"{GATE}/index.json"
+#: The handoff marker, written here as the spec gives it (section 17), not taken from the code.
+HANDOFF = "restorepoint-handoff/1"
 MAX_VECTOR_BYTES = 100_000
 MAX_TOTAL_BYTES = 1_000_000
 #: A bomb vector that made the reader allocate this much would not have been refused in time.
@@ -772,15 +781,271 @@ def _paths(v: Vectors) -> None:
     )
 
 
+# -- gate vectors -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateVector:
+    """An expectation file for a valid vector, and the gate's decision on it (spec 16, 17)."""
+
+    name: str
+    vector: str
+    expect: dict[str, Any]
+    mismatches: list[dict[str, Any]]
+    what: str
+    #: the expectation file is exactly what ``pack --handoff`` writes for the vector
+    from_pack: bool = False
+
+    @property
+    def file(self) -> str:
+        return f"{GATE}/{self.name.removeprefix('gate-')}.json"
+
+    @property
+    def data(self) -> bytes:
+        # As ``pack --handoff`` writes a handoff file (spec section 17).
+        return (
+            json.dumps(self.expect, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        ).encode()
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": "gate",
+            "vector": f"{self.vector}.rp",
+            "expect": self.file,
+            "compatible": not self.mismatches,
+            "exit_code": 3 if self.mismatches else 0,
+            "mismatches": self.mismatches,
+            "fault": self.what,
+        }
+
+
+def head_of(data: bytes) -> dict[str, Any]:
+    """The head document of an assembled object, straight from its bytes."""
+    (head_length,) = struct.unpack_from("<I", data, 12)
+    head: dict[str, Any] = json.loads(data[16 : 16 + head_length])
+    return head
+
+
+def handoff_of(head: dict[str, Any], url: str) -> dict[str, Any]:
+    """The handoff document for a head, member by member as spec section 17 lists them."""
+    return {
+        "cache_keys": head["cache_keys"],
+        "cache_root": head["cache_root"],
+        "config": head["config"],
+        "config_identity": head["config_identity"],
+        "handoff": HANDOFF,
+        "id": head["id"],
+        "operational_keys": head["operational_keys"],
+        "position": head["position"],
+        "terms": head["terms"],
+        "trainer": head["trainer"],
+        "url": url,
+    }
+
+
+class _Drop:
+    """A member to leave out of an expectation file."""
+
+
+_DROP: Any = _Drop()
+
+
+def build_gate(vectors: list[Vector]) -> list[GateVector]:
+    by_name = {x.name: x for x in vectors}
+    sample = head_of(by_name["valid-store-only"].data)
+    bare = head_of(by_name["valid-no-config"].data)
+    base = handoff_of(sample, "valid-store-only.rp")
+    bare_doc = handoff_of(bare, "valid-no-config.rp")
+    identity = sample["config_identity"]
+    out: list[GateVector] = []
+
+    def gate(
+        name: str,
+        what: str,
+        mismatches: list[dict[str, Any]],
+        vector: str = "valid-store-only",
+        from_pack: bool = False,
+        **changes: Any,
+    ) -> None:
+        doc = json.loads(json.dumps(base if vector == "valid-store-only" else bare_doc))
+        for key, value in changes.items():
+            if value is _DROP:
+                del doc[key]
+            else:
+                doc[key] = value
+        out.append(GateVector(f"gate-{name}", vector, doc, mismatches, what, from_pack))
+
+    config = sample["config"]
+    gate(
+        "all-match",
+        "The handoff that pack --handoff writes for valid-store-only: every expectation met.",
+        [],
+        from_pack=True,
+    )
+    gate(
+        "trainer-version",
+        "The trainer's version differs (1.0.1 expected, 1.0.0 recorded).",
+        [{"field": "trainer", "expected": "fake-trainer=1.0.1", "found": "fake-trainer=1.0.0"}],
+        trainer={"name": "fake-trainer", "version": "1.0.1"},
+    )
+    gate(
+        "term-missing-on-restore-point",
+        "A term nccl is expected that the restore point does not record: found is absent.",
+        [{"field": "terms.nccl", "expected": "2.21"}],
+        terms={**sample["terms"], "nccl": "2.21"},
+    )
+    gate(
+        "term-extra-on-restore-point",
+        "The restore point records a term cuda that is not expected: expected is absent.",
+        [{"field": "terms.cuda", "found": "12.4"}],
+        terms={"torch": "2.13.0"},
+    )
+    gate(
+        "cache-root-differs",
+        "The cache root differs.",
+        [{"field": "cache_root", "expected": "/other-cache", "found": "/cache"}],
+        cache_root="/other-cache",
+    )
+    gate(
+        "cache-key-differs",
+        "The cache key dataset differs.",
+        [
+            {
+                "field": "cache_keys.dataset",
+                "expected": "sha256:" + "cd" * 32,
+                "found": "sha256:" + "ab" * 32,
+            }
+        ],
+        cache_keys={"dataset": "sha256:" + "cd" * 32},
+    )
+    gate(
+        "lr-differs",
+        "The config's lr differs: refused by name, with both values.",
+        [{"field": "config.lr", "expected": 0.0003, "found": 0.001}],
+        config={**config, "lr": 0.0003},
+    )
+    gate(
+        "operational-key-differs",
+        "Only train.checkpoint_every differs, an operational key of the restore point: compatible.",
+        [],
+        config={**config, "train": {"checkpoint_every": 100}},
+    )
+    gate(
+        "several",
+        "Trainer, two terms, cache root, cache key and two config keys: all listed, in order.",
+        [
+            {"field": "trainer", "expected": "other-trainer=1.0.0", "found": "fake-trainer=1.0.0"},
+            {"field": "terms.nccl", "expected": "2.21"},
+            {"field": "terms.torch", "expected": "2.12.0", "found": "2.13.0"},
+            {"field": "cache_root", "expected": None, "found": "/cache"},
+            {"field": "cache_keys.dataset", "expected": "tok-v3", "found": "sha256:" + "ab" * 32},
+            {"field": "config.model.depth", "expected": 12},
+            {"field": "config.model.width", "expected": 128, "found": 64},
+        ],
+        trainer={"name": "other-trainer", "version": "1.0.0"},
+        terms={"cuda": "12.4", "nccl": "2.21", "torch": "2.12.0"},
+        cache_root=None,
+        cache_keys={"dataset": "tok-v3"},
+        config={**config, "model": {"depth": 12, "width": 128}},
+    )
+    gate(
+        "only-terms",
+        "A file with the marker and terms only: the absent members are not expected.",
+        [],
+        trainer=_DROP,
+        cache_keys=_DROP,
+        cache_root=_DROP,
+        config=_DROP,
+        config_identity=_DROP,
+        id=_DROP,
+        operational_keys=_DROP,
+        position=_DROP,
+        url=_DROP,
+    )
+    gate(
+        "config-identity-only",
+        "No config member: the config_identity is expected, and met.",
+        [],
+        config=_DROP,
+    )
+    other = config_identity({**config, "lr": 0.0003}, sample["operational_keys"])
+    gate(
+        "config-identity-differs",
+        "No config member and another config_identity: one config_identity mismatch.",
+        [{"field": "config_identity", "expected": other, "found": identity}],
+        config=_DROP,
+        config_identity=other,
+    )
+    gate(
+        "config-null-expected",
+        "config and config_identity null: a restore point without config is expected.",
+        [{"field": "config_identity", "expected": None, "found": identity}],
+        config=None,
+        config_identity=None,
+    )
+    gate(
+        "bare-all-match",
+        "The handoff of valid-no-config: null trainer, cache root and config, empty maps.",
+        [],
+        vector="valid-no-config",
+        from_pack=True,
+    )
+    gate(
+        "sample-handoff-on-bare",
+        "The handoff of valid-store-only against valid-no-config: each field a mismatch.",
+        [
+            {"field": "trainer", "expected": "fake-trainer=1.0.0", "found": None},
+            {"field": "terms.cuda", "expected": "12.4"},
+            {"field": "terms.torch", "expected": "2.13.0"},
+            {"field": "cache_root", "expected": "/cache", "found": None},
+            {"field": "cache_keys.dataset", "expected": "sha256:" + "ab" * 32},
+            # The identity is computed with the restore point's operational keys: none here.
+            {"field": "config_identity", "expected": config_identity(config, []), "found": None},
+        ],
+        vector="valid-no-config",
+        **{k: v for k, v in base.items() if k not in ("id", "position", "url")},
+    )
+    names = [g.name for g in out]
+    assert len(names) == len(set(names)), "gate vector names must be unique"
+    return out
+
+
+def gate_outcome(g: GateVector) -> list[str]:
+    """Problems with what the library's gate makes of ``g`` (none if it decides as recorded)."""
+    url = str(HERE / f"{g.vector}.rp")
+    expect_path = HERE / g.file
+    if not expect_path.exists() or not Path(url).exists():
+        return []  # reported as missing already
+    try:
+        result = restorepoint.check(url, load_expectations(expect_path), raise_on_mismatch=False)
+    except errors.RestorePointError as exc:
+        return [f"{g.name}: the gate raised {errors.error_class(exc)}: {exc}"]
+    problems = []
+    found = [m.to_dict() for m in result.mismatches]
+    if found != g.mismatches:
+        problems.append(f"{g.name}: mismatches {found}, expected {g.mismatches}")
+    if g.from_pack and handoff_document(result.manifest, f"{g.vector}.rp") != g.expect:
+        problems.append(f"{g.name}: differs from the handoff that pack --handoff writes")
+    if g.mismatches:
+        try:
+            restorepoint.check(url, load_expectations(expect_path))
+            problems.append(f"{g.name}: check() did not raise IncompatibleRestorePoint")
+        except errors.IncompatibleRestorePoint as exc:
+            if exc.mismatches != g.mismatches:
+                problems.append(f"{g.name}: the refusal lists {exc.mismatches}")
+    return problems
+
+
 # -- writing and checking ---------------------------------------------------------------------
 
 
-def index_bytes(vectors: list[Vector]) -> bytes:
-    text = json.dumps([x.record() for x in vectors], indent=2, ensure_ascii=False)
+def index_bytes(records: list[Vector] | list[GateVector]) -> bytes:
+    text = json.dumps([x.record() for x in records], indent=2, ensure_ascii=False)
     return (text + "\n").encode()
 
 
-def write(vectors: list[Vector]) -> None:
+def write(vectors: list[Vector], gates: list[GateVector]) -> None:
     names = {f"{x.name}.rp" for x in vectors}
     for stale in HERE.glob("*.rp"):
         if stale.name not in names:
@@ -788,6 +1053,14 @@ def write(vectors: list[Vector]) -> None:
     for x in vectors:
         (HERE / f"{x.name}.rp").write_bytes(x.data)
     (HERE / INDEX).write_bytes(index_bytes(vectors))
+    (HERE / GATE).mkdir(exist_ok=True)
+    gate_files = {g.file for g in gates} | {GATE_INDEX}
+    for stale in (HERE / GATE).glob("*.json"):
+        if f"{GATE}/{stale.name}" not in gate_files:
+            stale.unlink()
+    for g in gates:
+        (HERE / g.file).write_bytes(g.data)
+    (HERE / GATE_INDEX).write_bytes(index_bytes(gates))
 
 
 class _Bytes:
@@ -858,7 +1131,7 @@ def outcome(x: Vector) -> list[str]:
     return problems
 
 
-def check(vectors: list[Vector]) -> list[str]:
+def check(vectors: list[Vector], gates: list[GateVector]) -> list[str]:
     problems = []
     wanted = {f"{x.name}.rp": x for x in vectors}
     index_path = HERE / INDEX
@@ -866,6 +1139,11 @@ def check(vectors: list[Vector]) -> list[str]:
         problems.append(f"{INDEX}: missing")
     elif index_path.read_bytes() != index_bytes(vectors):
         problems.append(f"{INDEX}: differs from what the generator writes")
+    gate_index = HERE / GATE_INDEX
+    if not gate_index.exists():
+        problems.append(f"{GATE_INDEX}: missing")
+    elif gate_index.read_bytes() != index_bytes(gates):
+        problems.append(f"{GATE_INDEX}: differs from what the generator writes")
     for path in sorted(HERE.glob("*.rp")):
         if path.name not in wanted:
             problems.append(f"{path.name}: not made by the generator (stale)")
@@ -880,6 +1158,18 @@ def check(vectors: list[Vector]) -> list[str]:
         if len(x.data) >= MAX_VECTOR_BYTES:
             problems.append(f"{name}: {len(x.data)} bytes, the limit is {MAX_VECTOR_BYTES}")
         problems += outcome(x)
+    gate_files = {g.file: g for g in gates}
+    for path in sorted((HERE / GATE).glob("*")):
+        if f"{GATE}/{path.name}" not in gate_files and f"{GATE}/{path.name}" != GATE_INDEX:
+            problems.append(f"{GATE}/{path.name}: not made by the generator (stale)")
+    for name, g in gate_files.items():
+        path = HERE / name
+        if not path.exists():
+            problems.append(f"{name}: missing")
+        elif path.read_bytes() != g.data:
+            problems.append(f"{name}: differs from what the generator writes")
+        total += len(g.data)
+        problems += gate_outcome(g)
     if total >= MAX_TOTAL_BYTES:
         problems.append(f"all vectors: {total} bytes, the limit is {MAX_TOTAL_BYTES}")
     return problems
@@ -892,16 +1182,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     vectors = build()
+    gates = build_gate(vectors)
     if not args.check:
-        write(vectors)
-        print(f"wrote {len(vectors)} vectors and {INDEX} to {HERE.name}/")
+        write(vectors, gates)
+        print(f"wrote {len(vectors)} vectors, {len(gates)} gate vectors, {INDEX} and {GATE_INDEX}")
         return 0
-    problems = check(vectors)
+    problems = check(vectors, gates)
     for line in problems:
         print(line)
     if problems:
         return 1
-    print(f"{len(vectors)} vectors: committed bytes match, the reader agrees with {INDEX}")
+    print(
+        f"{len(vectors)} vectors and {len(gates)} gate vectors: committed bytes match, the reader "
+        f"agrees with {INDEX} and the gate with {GATE_INDEX}"
+    )
     return 0
 
 

@@ -70,6 +70,7 @@ def heads(draw: st.DrawFn) -> dict[str, Any]:
         "terms": draw(short_maps),
         "cache_keys": draw(short_maps),
         "cache_root": draw(st.none() | st.text(max_size=20)),
+        "run": draw(st.none() | st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")),
         "trainer": draw(
             st.none() | st.builds(lambda n, v: {"name": n, "version": v}, names, st.text())
         ),

@@ -341,9 +341,10 @@ def test_full_manifest_faults_fail(validators: dict[str, Draft202012Validator]) 
 # -- the spec's tables against the code -------------------------------------------------------
 
 
-def section(text: str, number: int) -> str:
-    match = re.search(rf"^## {number} .*?(?=^## \d+ |\Z)", text, flags=re.M | re.S)
-    assert match, f"section {number} not found"
+def section(text: str, title: str) -> str:
+    """A top-level section by its title (numbers move as sections are added)."""
+    match = re.search(rf"^## \d+ {re.escape(title)}\n.*?(?=^## \d+ |\Z)", text, flags=re.M | re.S)
+    assert match, f"section {title!r} not found"
     return match.group(0)
 
 
@@ -357,7 +358,7 @@ def table_rows(text: str) -> list[list[str]]:
 
 
 def test_error_table_lists_every_class_with_its_exit_code() -> None:
-    rows = table_rows(section(spec_text(), 16))
+    rows = table_rows(section(spec_text(), "Error classes and exit codes"))
     table = {row[0].strip("`"): row for row in rows}
     helpers = {"EXIT_CODES", "at_url", "error_class"}
     classes = [name for name in errors.__all__ if name not in helpers]
@@ -373,7 +374,9 @@ def test_error_table_lists_every_class_with_its_exit_code() -> None:
 def test_exit_code_table_matches_the_cli() -> None:
     from restorepoint._cli import _common
 
-    rows = re.finditer(r"^\| (\d+) \|", section(spec_text(), 16), flags=re.M)
+    rows = re.finditer(
+        r"^\| (\d+) \|", section(spec_text(), "Error classes and exit codes"), flags=re.M
+    )
     codes = {int(m.group(1)) for m in rows}
     expected = set(errors.EXIT_CODES.values()) | {
         _common.EXIT_INTERNAL,
@@ -384,7 +387,7 @@ def test_exit_code_table_matches_the_cli() -> None:
 
 
 def test_limits_table_equals_the_code() -> None:
-    rows = table_rows(section(spec_text(), 11))
+    rows = table_rows(section(spec_text(), "Limits"))
     table = {row[0].strip("`"): row[1] for row in rows}
     names = [name for name in limits.__all__ if name != "zstd_bound"]
     assert sorted(table) == sorted(names)
@@ -411,12 +414,12 @@ def test_spec_byte_values_and_identity_examples_equal_the_code() -> None:
     from restorepoint.format import _layout
 
     text = spec_text()
-    layout = section(text, 3)
+    layout = section(text, "Byte layout")
     assert " ".join(f"{b:02X}" for b in _layout.MAGIC) in layout
     assert " ".join(f"{b:02X}" for b in _layout.END_MAGIC) in layout
     assert limits.zstd_bound(1 << 26) == 67371008
-    assert "67371008" in section(text, 11)
-    identity = section(text, 8)
+    assert "67371008" in section(text, "Limits")
+    identity = section(text, "Config identity")
     base = {"lr": 0.001, "model": {"width": 64}}
     examples = [
         (base, []),

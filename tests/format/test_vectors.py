@@ -1,5 +1,5 @@
 """The golden vectors (spec/vectors): the committed bytes are the generator's, and the library and
-the CLI both give every vector its recorded outcome."""
+the CLI both give every vector its recorded outcome, and every gate vector its recorded decision."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from restorepoint import errors
 
 VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"
 RECORDS: list[dict[str, Any]] = json.loads((VECTORS / "index.json").read_text("utf-8"))
+GATES: list[dict[str, Any]] = json.loads((VECTORS / "gate" / "index.json").read_text("utf-8"))
 FIELDS = {"name", "file", "valid", "expected_error", "exit_code", "fault"}
+GATE_FIELDS = {"name", "kind", "vector", "expect", "compatible", "exit_code", "mismatches", "fault"}
 
 
 def by_name(records: list[dict[str, Any]]) -> list[Any]:
@@ -98,3 +100,66 @@ def test_cli_gives_the_recorded_outcome(record: dict[str, Any]) -> None:
     assert out["ok"] is False
     assert out["error"]["class"] == record["expected_error"]
     assert out["error"]["exit_code"] == record["exit_code"]
+
+
+def test_gate_vectors_cover_the_gate() -> None:
+    assert len({r["name"] for r in GATES} | {r["name"] for r in RECORDS}) == len(GATES + RECORDS)
+    files = {f"gate/{p.name}" for p in (VECTORS / "gate").iterdir()} - {"gate/index.json"}
+    assert {r["expect"] for r in GATES} == files
+    assert {True, False} == {r["compatible"] for r in GATES}
+    fields = {m["field"].split(".")[0] for r in GATES for m in r["mismatches"]}
+    assert fields == {"trainer", "terms", "cache_root", "cache_keys", "config", "config_identity"}
+    # Both absent sides occur: a name expected but not recorded, and one recorded only.
+    sides = {tuple(sorted(set(m) - {"field"})) for r in GATES for m in r["mismatches"]}
+    assert {("expected",), ("found",), ("expected", "found")} <= sides
+
+
+@pytest.mark.parametrize("record", by_name(GATES))
+def test_gate_record_is_well_formed(record: dict[str, Any]) -> None:
+    assert set(record) == GATE_FIELDS
+    assert record["kind"] == "gate"
+    assert record["expect"].startswith("gate/") and record["expect"].endswith(".json")
+    vector = next(r for r in RECORDS if r["file"] == record["vector"])
+    assert vector["valid"] is True
+    assert record["compatible"] is (record["mismatches"] == [])
+    assert record["exit_code"] == (0 if record["compatible"] else 3)
+    for m in record["mismatches"]:
+        assert set(m) - {"field"} <= {"expected", "found"} and "field" in m
+        assert set(m) != {"field"}
+
+
+@pytest.mark.parametrize("record", by_name(GATES))
+def test_library_gate_gives_the_recorded_decision(record: dict[str, Any]) -> None:
+    url = str(VECTORS / record["vector"])
+    expect = restorepoint.load_expectations(VECTORS / record["expect"])
+    result = restorepoint.check(url, expect, raise_on_mismatch=False)
+    assert result.compatible is record["compatible"]
+    assert [m.to_dict() for m in result.mismatches] == record["mismatches"]
+
+
+@pytest.mark.parametrize("record", by_name(GATES))
+def test_cli_gate_gives_the_recorded_decision(record: dict[str, Any]) -> None:
+    url = str(VECTORS / record["vector"])
+    done = subprocess.run(
+        [sys.executable, "-m", "restorepoint", "check", url, "--expect",
+         str(VECTORS / record["expect"]), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == record["exit_code"], done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    out = json.loads(lines[0])
+    if record["compatible"]:
+        assert done.stderr == ""
+        assert out["ok"] is True
+        assert out["mismatches"] == []
+        return
+    assert out["ok"] is False
+    assert out["error"]["class"] == "IncompatibleRestorePoint"
+    assert out["error"]["exit_code"] == 3
+    assert out["error"]["mismatches"] == record["mismatches"]
+    # The summary line, then one line per mismatch.
+    assert len(done.stderr.splitlines()) == 1 + len(record["mismatches"]), done.stderr

@@ -1,0 +1,200 @@
+"""`restorepoint check` and the gate of `restorepoint import`, as a user meets them: exit 0 or 3,
+one stderr line per mismatch, the refusal as data with --json, handoff files from `pack
+--handoff` overridden by options, and an import refused before DEST exists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from clirun import cli, one_error_line
+
+TERMS = ("--term", "cuda=12.4", "--term", "torch=2.13.0")
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "train.yaml"
+    path.write_text("lr: 0.001\nmodel:\n  width: 64\ntrain:\n  checkpoint_every: 500\n")
+    return path
+
+
+@pytest.fixture
+def packed(tmp_path: Path, config_file: Path) -> tuple[str, Path]:
+    """A restore point packed by the CLI, and the handoff file it wrote beside it."""
+    source = tmp_path / "ckpt"
+    (source / "sub").mkdir(parents=True)
+    (source / "model.bin").write_bytes(bytes(range(256)) * 100)
+    (source / "sub" / "state.json").write_text('{"step": 7}')
+    url = str(tmp_path / "store" / "step-7.rp")
+    handoff = tmp_path / "handoff.json"
+    proc = cli(
+        "pack", str(source), url, "--step", "7", "--trainer", "t=1.0", *TERMS,
+        "--config", str(config_file), "--operational", "train.checkpoint_every",
+        "--key", "dataset=abc", "--cache-root", "/cache", "--level", "0",
+        "--handoff", str(handoff),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return url, handoff
+
+
+def mismatch_lines(stderr: str) -> list[str]:
+    lines = stderr.splitlines()
+    assert lines[0].startswith("restorepoint: error: "), stderr
+    assert all(line.startswith("restorepoint:   ") for line in lines[1:]), stderr
+    return [line.removeprefix("restorepoint:   ") for line in lines[1:]]
+
+
+def test_check_compatible(packed: tuple[str, Path]) -> None:
+    url, _ = packed
+    proc = cli("check", url, "--trainer", "t=1.0", *TERMS, "--key", "dataset=abc")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"compatible: step 7 ({url})\n"
+    assert proc.stderr == ""
+
+
+def test_check_compatible_json(packed: tuple[str, Path]) -> None:
+    url, _ = packed
+    proc = cli("check", url, "--cache-root", "/cache", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"] is True and out["compatible"] is True
+    assert out["mismatches"] == []
+    assert out["position"] == {"step": 7}
+    assert out["url"] == url
+
+
+def test_check_refused_prints_one_line_per_mismatch(packed: tuple[str, Path]) -> None:
+    url, _ = packed
+    proc = cli("check", url, "--trainer", "t=2.0", "--term", "cuda=12.1", "--cache-root", "/c")
+    assert proc.returncode == 3
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    summary = proc.stderr.splitlines()[0]
+    assert summary == (
+        f"restorepoint: error: {url}: refused: 4 expectation(s) not met "
+        "(trainer, terms.cuda, terms.torch, cache_root)"
+    )
+    # Terms are a whole map: torch is recorded but was not expected.
+    assert mismatch_lines(proc.stderr) == [
+        "trainer: expected t=2.0, found t=1.0",
+        "terms.cuda: expected 12.1, found 12.4",
+        "terms.torch: expected (absent), found 2.13.0",
+        "cache_root: expected /c, found /cache",
+    ]
+
+
+def test_check_refused_json(packed: tuple[str, Path]) -> None:
+    url, _ = packed
+    proc = cli("check", url, *TERMS, "--term", "nccl=2.21", "--key", "dataset=xyz", "--json")
+    assert proc.returncode == 3
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout
+    out = json.loads(lines[0])
+    assert out["ok"] is False
+    error = out["error"]
+    assert error["class"] == "IncompatibleRestorePoint"
+    assert error["exit_code"] == 3
+    assert error["url"] == url
+    assert error["mismatches"] == [
+        {"field": "terms.nccl", "expected": "2.21"},
+        {"field": "cache_keys.dataset", "expected": "xyz", "found": "abc"},
+    ]
+    assert mismatch_lines(proc.stderr) == [
+        "terms.nccl: expected 2.21, found (absent)",
+        "cache_keys.dataset: expected xyz, found abc",
+    ]
+
+
+def test_check_without_expectation_is_a_usage_error(packed: tuple[str, Path]) -> None:
+    proc = cli("check", packed[0])
+    assert proc.returncode == 2
+    assert "needs at least one expectation" in one_error_line(proc)
+
+
+def test_handoff_then_check_and_options_override_it(packed: tuple[str, Path]) -> None:
+    url, handoff = packed
+    document = json.loads(handoff.read_text("utf-8"))
+    assert document["handoff"] == "restorepoint-handoff/1"
+    assert document["url"] == url
+    proc = cli("check", url, "--expect", str(handoff))
+    assert proc.returncode == 0, proc.stderr
+    # The option replaces the file's value for cuda; the file's torch stays expected.
+    proc = cli("check", url, "--expect", str(handoff), "--term", "cuda=other", "--json")
+    assert proc.returncode == 3, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["error"]["mismatches"] == [
+        {"field": "terms.cuda", "expected": "other", "found": "12.4"}
+    ]
+
+
+def test_handoff_edited_by_hand_is_a_usage_error(tmp_path: Path, packed: tuple[str, Path]) -> None:
+    url, handoff = packed
+    document = json.loads(handoff.read_text("utf-8"))
+    document["trainer"] = "t=1.0"
+    handoff.write_text(json.dumps(document), "utf-8")
+    proc = cli("check", url, "--expect", str(handoff))
+    assert proc.returncode == 2
+    assert "trainer" in one_error_line(proc)
+    proc = cli("check", url, "--expect", str(tmp_path / "missing.json"))
+    assert proc.returncode == 4
+    assert "handoff file not found" in one_error_line(proc)
+
+
+def test_config_file_in_yaml_or_toml_gives_the_identity(
+    tmp_path: Path, packed: tuple[str, Path]
+) -> None:
+    url, _ = packed
+    # Another checkpoint interval (an operational key of the restore point): compatible.
+    toml = tmp_path / "train.toml"
+    toml.write_text("lr = 0.001\n[model]\nwidth = 64\n[train]\ncheckpoint_every = 100\n")
+    proc = cli("check", url, "--config", str(toml))
+    assert proc.returncode == 0, proc.stderr
+    yaml = tmp_path / "other.yml"
+    yaml.write_text(
+        "lr: 0.0003\nmodel:\n  width: 64\n  depth: 2\ntrain:\n  checkpoint_every: 500\n"
+    )
+    proc = cli("check", url, "--config", str(yaml))
+    assert proc.returncode == 3
+    assert mismatch_lines(proc.stderr) == [
+        "config.lr: expected 0.0003, found 0.001",
+        "config.model.depth: expected 2, found (absent)",
+    ]
+
+
+def test_import_check_keys_without_expectation_is_a_usage_error(
+    tmp_path: Path, packed: tuple[str, Path]
+) -> None:
+    dest = tmp_path / "dest"
+    proc = cli("import", packed[0], str(dest), "--check-keys")
+    assert proc.returncode == 2
+    assert "--check-keys needs at least one expectation" in one_error_line(proc)
+    assert not dest.exists()
+
+
+def test_import_refused_creates_no_dest(tmp_path: Path, packed: tuple[str, Path]) -> None:
+    url, handoff = packed
+    dest = tmp_path / "restored" / "dest"
+    proc = cli(
+        "import", url, str(dest), "--check-keys", "--expect", str(handoff), "--key", "dataset=z"
+    )
+    assert proc.returncode == 3
+    assert mismatch_lines(proc.stderr) == ["cache_keys.dataset: expected z, found abc"]
+    assert not dest.exists()
+    assert not dest.parent.exists()
+    proc = cli("import", url, str(dest), "--trainer", "other=1.0", "--json")
+    assert proc.returncode == 3
+    assert json.loads(proc.stdout)["error"]["mismatches"] == [
+        {"field": "trainer", "expected": "other=1.0", "found": "t=1.0"}
+    ]
+    assert not dest.parent.exists()
+
+
+def test_import_with_the_handoff_passes(tmp_path: Path, packed: tuple[str, Path]) -> None:
+    url, handoff = packed
+    dest = tmp_path / "dest"
+    proc = cli("import", url, str(dest), "--check-keys", "--expect", str(handoff))
+    assert proc.returncode == 0, proc.stderr
+    assert (dest / "model.bin").read_bytes() == bytes(range(256)) * 100
+    assert (dest / "sub" / "state.json").read_text() == '{"step": 7}'

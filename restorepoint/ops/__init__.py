@@ -13,6 +13,7 @@ from .gate import (
     write_handoff,
 )
 from .pack import DEFAULT_LEVEL, PackResult, describe, pack
+from .store import PruneReport, StoreEntry, latest, list_store, prune
 from .unpack import ImportResult, import_restore_point
 from .verify import VerifyReport, read_head_of, read_manifest, verify
 
@@ -23,14 +24,19 @@ __all__ = [
     "ImportResult",
     "Mismatch",
     "PackResult",
+    "PruneReport",
+    "StoreEntry",
     "VerifyReport",
     "check",
     "describe",
     "handoff_document",
     "import_restore_point",
+    "latest",
+    "list_store",
     "load_config",
     "load_expectations",
     "pack",
+    "prune",
     "read_head_of",
     "read_manifest",
     "verify",

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ..errors import UsageError
+from ..errors import RestorePointError, UsageError
 from ..format import Position
 from ..ops import load_config, pack
-from ..ops._naming import is_store_url
+from ..ops._naming import entry_name, is_store_url
 from ..ops.gate import handoff_document, write_handoff
 from ..ops.store import prune
 from ._common import (
@@ -87,22 +88,38 @@ def pack_command(
                 progress=advance,
                 on_start=on_start,
             )
-        report = prune(dest, keep_last=keep_last, run=result.manifest.run) if keep_last else None
+        # Everything about the published restore point is out before pruning starts: a prune
+        # that fails must not hide what was published.
         if handoff is not None:
             write_handoff(handoff, handoff_document(result.manifest, result.url))
-        if json_:
-            out = result.to_dict()
-            if report is not None:
-                out["pruned"] = report.deleted
-            print_json(out)
-        else:
+        if not json_:
             typer.echo(
                 f"packed {result.files} files, {human_bytes(result.bytes)} -> "
                 f"{human_bytes(result.size)} in {result.seconds:.2f} s"
             )
             typer.echo(f"sha256 {result.sha256}")
             typer.echo(result.url)
-            for url in report.deleted if report is not None else ():
-                typer.echo(f"deleted {url}")
+        out = result.to_dict()
+        if keep_last:
+            try:
+                report = prune(
+                    dest,
+                    keep_last=keep_last,
+                    run=result.manifest.run,
+                    protect=[entry_name(result.manifest)],
+                )
+            except RestorePointError as exc:
+                sys.stderr.write(
+                    f"restorepoint: error: published {result.url}, but the prune failed: {exc}\n"
+                )
+                if json_:
+                    print_json({**out, "ok": False, "error": exc.to_dict()})
+                raise typer.Exit(exc.exit_code) from None
+            out["pruned"] = report.deleted
+            if not json_:
+                for url in report.deleted:
+                    typer.echo(f"deleted {url}")
+        if json_:
+            print_json(out)
 
     run(json_, body)

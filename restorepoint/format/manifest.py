@@ -200,13 +200,13 @@ class Manifest:
         if unknown:
             raise UnsupportedFormat(f"unknown required feature(s): {', '.join(unknown)}")
         version = _str(obj.get("format_version"), "format_version")
-        if not _VERSION.match(version):
+        if not _VERSION.fullmatch(version):
             raise MalformedManifest(f"format_version {version!r} is not MAJOR.MINOR")
         rp_id = _str(obj.get("id"), "id")
-        if not _ID.match(rp_id):
+        if not _ID.fullmatch(rp_id):
             raise MalformedManifest("id must be 32 lowercase hex digits")
         created = _str(obj.get("created"), "created")
-        if not _CREATED.match(created):
+        if not _CREATED.fullmatch(created):
             raise MalformedManifest("created must be an RFC 3339 UTC time ending in Z")
         producer = _obj(obj.get("producer"), "producer")
         trainer_raw = obj.get("trainer", None)
@@ -248,7 +248,7 @@ class Manifest:
         else:
             _obj(config, "config")
             identity = _str(identity, "config_identity")
-            if not _HEX64.match(identity):
+            if not _HEX64.fullmatch(identity):
                 raise MalformedManifest("config_identity must be 64 lowercase hex digits")
             recomputed = config_identity(config, operational)
             if recomputed != identity:
@@ -261,7 +261,7 @@ class Manifest:
         if cache_root is not None:
             _str(cache_root, "cache_root")
         run = obj.get("run", None)
-        if run is not None and not RUN_PATTERN.match(_str(run, "run")):
+        if run is not None and not RUN_PATTERN.fullmatch(_str(run, "run")):
             raise MalformedManifest(
                 "run must be 1 to 64 letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit"
@@ -313,7 +313,7 @@ class Manifest:
             if not isinstance(path, str):
                 raise MalformedManifest(f"payload[{i}].path must be a string")
             digest = _str(e.get("sha256"), f"payload[{i}].sha256")
-            if not _HEX64.match(digest):
+            if not _HEX64.fullmatch(digest):
                 raise MalformedManifest(f"payload[{i}].sha256 must be 64 lowercase hex digits")
             entries.append(
                 Entry(

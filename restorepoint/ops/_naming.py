@@ -11,7 +11,8 @@ from ..format.manifest import RUN_PATTERN
 __all__ = ["NAME_PATTERN", "RUN_PATTERN", "entry_name", "is_store_url", "stamp"]
 
 #: STEP (16 digits: every step up to 2**53) - CREATED (UTC, milliseconds) - ID (12 hex) .rp
-NAME_PATTERN = re.compile(r"^([0-9]{16})-([0-9]{8}T[0-9]{9}Z)-([0-9a-f]{12})\.rp$")
+# \Z, not $: "$" also matches before a trailing newline, and "NAME.rp\n" is no store name.
+NAME_PATTERN = re.compile(r"^([0-9]{16})-([0-9]{8}T[0-9]{9}Z)-([0-9a-f]{12})\.rp\Z")
 
 
 def is_store_url(url: object) -> bool:

@@ -134,7 +134,7 @@ def describe(
         raise UsageError("the cache root must be a string")
     if run is None and identity is not None:
         run = default_run(identity)
-    if run is not None and (not isinstance(run, str) or not RUN_PATTERN.match(run)):
+    if run is not None and (not isinstance(run, str) or not RUN_PATTERN.fullmatch(run)):
         raise UsageError(
             f"run {run!r} must be 1 to 64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

@@ -86,10 +86,17 @@ class StoreEntry:
 
 def _parse(info: ObjectInfo) -> StoreEntry | None:
     parts = info.name.split("/")
-    if len(parts) != 2 or not _RUN.match(parts[0]) or is_partial_name(parts[1]):
+    # fullmatch: RUN_PATTERN ends in "$", which also matches before a trailing newline.
+    if len(parts) != 2 or not _RUN.fullmatch(parts[0]) or is_partial_name(parts[1]):
         return None
     match = _NAME.match(parts[1])
     if match is None:
+        return None
+    try:
+        # The pattern admits month 13 or hour 99: such a name is garbage, not a restore point
+        # whose time nothing can compute (keep-within, list --json).
+        datetime.strptime(match.group(2), "%Y%m%dT%H%M%S%fZ")
+    except ValueError:
         return None
     return StoreEntry(
         run=parts[0],
@@ -115,7 +122,7 @@ def list_store(
     """The restore points in a store (of one run), newest first. The store is listed afresh:
     no listing cache hides what another process published."""
     location = _store(store, storage_options)
-    if run is not None and not _RUN.match(run):
+    if run is not None and (not isinstance(run, str) or not _RUN.fullmatch(run)):
         raise UsageError(f"not a run id: {run!r}")
     with at_url(location.url):
         scope = location.join(run) if run is not None else location
@@ -125,7 +132,9 @@ def list_store(
             entry = _parse(ObjectInfo(name, info.url, info.size, info.modified))
             if entry is not None:
                 entries.append(entry)
-    return sorted(entries, key=lambda e: (e.run, e.sort_key), reverse=True)
+    # Runs in name order; within each run, newest first.
+    entries.sort(key=lambda e: e.sort_key, reverse=True)
+    return sorted(entries, key=lambda e: e.run)
 
 
 def _by_run(entries: Iterable[StoreEntry]) -> dict[str, list[StoreEntry]]:
@@ -169,7 +178,8 @@ def latest(
         except IntegrityError:
             continue  # not a sound restore point of this run: the next older one may be
         return entry
-    raise NotFound(f"no restore point of run {candidates[0].run} verifies", url=location.url)
+    what = "verifies" if verify_it else "has a sound head that agrees with its name"
+    raise NotFound(f"no restore point of run {candidates[0].run} {what}", url=location.url)
 
 
 def _check_name(location: Location, entry: StoreEntry) -> None:
@@ -215,7 +225,12 @@ def publish_into_store(
     result = pack(source, location, into_store=True, **options)
     report = None
     if keep_last is not None:
-        report = prune(location, keep_last=keep_last, run=result.manifest.run)
+        report = prune(
+            location,
+            keep_last=keep_last,
+            run=result.manifest.run,
+            protect=[entry_name(result.manifest)],
+        )
     return result, report
 
 
@@ -288,6 +303,7 @@ def _plan_run(
     keep_every: int | None,
     keep_within: float | None,
     verify_entry: Callable[[Location, StoreEntry], None],
+    protect: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> RunPlan:
     """Retention for one run, newest first. Protected whatever the rules say: the newest
     restore point, the newest one that verifies, and everything newer than that one."""
@@ -320,6 +336,9 @@ def _plan_run(
             if newest - entry.created_at <= keep_within:
                 reasons[entry.name].append("keep-within")
     for entry in entries:
+        if entry.name in protect:
+            reasons[entry.name].append("just published")
+    for entry in entries:
         if reasons[entry.name]:
             plan.keep.append((entry, reasons[entry.name]))
         else:
@@ -340,10 +359,12 @@ def prune(
     grace: str | float = DEFAULT_GRACE_S,
     storage_options: dict[str, Any] | None = None,
     now: float | None = None,
+    protect: Iterable[str] = (),
 ) -> PruneReport:
     """Apply the retention rules to each run (or to ``run`` only) and clean leftovers of
     interrupted uploads older than ``grace``. See the module docstring for what is never
-    deleted."""
+    deleted; ``protect`` adds store names that are kept whatever the rules say (pack protects
+    the restore point it has just published, even when an older run step sorts above it)."""
     if keep_last is None and keep_every is None and keep_within is None:
         raise UsageError("prune needs a rule: --keep-last, --keep-every or --keep-within")
     if keep_last is not None and keep_last < 1:
@@ -364,6 +385,7 @@ def prune(
                 keep_every=keep_every,
                 keep_within=within,
                 verify_entry=_verify_entry,
+                protect=set(protect),
             )
             for name, entries in sorted(runs.items())
         ]

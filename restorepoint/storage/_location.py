@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
-from ..errors import StorageError, UsageError
+from ..errors import NotFound, StorageError, UsageError
 from ._errors import missing_extra, translate, translating
 
 __all__ = [
@@ -453,7 +453,13 @@ class FsspecLocation(Location):
             try:
                 found = self.fs.find(root, detail=True, withdirs=False)
             except FileNotFoundError:
-                return []
+                found = {}
+            if not found and self.abilities.deferred_commit:
+                # An empty prefix is an empty store; a missing bucket is a typo to report.
+                bucket = root.split("/", 1)[0]
+                self.fs.invalidate_cache(bucket)
+                if not self.fs.exists(bucket):
+                    raise NotFound(f"bucket {bucket!r} not found", url=self.url)
         out = []
         for key, info in found.items():
             if info.get("type", "file") != "file":
@@ -550,13 +556,17 @@ def _protocol_of(url: str) -> str:
     return _ALIASES.get(proto, proto)
 
 
-def resolve(url: str | Location, storage_options: dict[str, Any] | None = None) -> Location:
+def resolve(
+    url: str | os.PathLike[str] | Location, storage_options: dict[str, Any] | None = None
+) -> Location:
     """The Location for ``url``: a local path, file://, s3://, gs://, memory://, or any URL
     that fsspec knows. ``storage_options`` go to the fsspec filesystem (endpoint,
     credentials); fsspec's own configuration (``FSSPEC_S3_...`` variables) applies too. A
     Location passes through unchanged (tests wrap a backend, say, to count its bytes)."""
     if isinstance(url, Location):
         return url
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
     if not isinstance(url, str) or not url:
         raise UsageError("empty URL")
     protocol = _protocol_of(url)

@@ -20,7 +20,9 @@ error class printed by ``--json`` and expected by the golden vectors::
     │   │   └── UnsafePath              a payload path the path rules forbid
     │   ├── FramingError                chunk frames or offsets that do not add up
     │   ├── DecodeError                 a codec failed on stored bytes
-    │   └── DigestMismatch              a sha256 differs from the one recorded
+    │   ├── DigestMismatch              a sha256 differs from the one recorded
+    │   ├── SignatureError              a signature invalid, untrusted, or missing when required
+    │   └── DecryptionError             no key opens it, or a chunk does not authenticate
     ├── IncompatibleRestorePoint        exit 3: sound, but refused by the import gate
     └── StorageError                    exit 4: the store failed; .retryable: may a retry help
         ├── NotFound                    also a FileNotFoundError
@@ -43,6 +45,7 @@ __all__ = [
     "AlreadyExists",
     "ConfigError",
     "DecodeError",
+    "DecryptionError",
     "DestinationError",
     "DigestMismatch",
     "FramingError",
@@ -55,6 +58,7 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "RestorePointError",
+    "SignatureError",
     "SourceError",
     "StorageError",
     "StorageUnavailable",
@@ -205,6 +209,16 @@ class DecodeError(IntegrityError):
 
 class DigestMismatch(IntegrityError):
     """A sha256 differs from the one recorded (head, index or a payload file)."""
+
+
+class SignatureError(IntegrityError):
+    """A signature that does not verify, names other content, is made by a key that is not
+    trusted, or is missing where one is required."""
+
+
+class DecryptionError(IntegrityError):
+    """The identity given is not a recipient, or an encrypted chunk does not authenticate
+    (wrong key, or a stream truncated, reordered, duplicated, spliced or altered)."""
 
 
 # exit 3 ---------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from ._expect import (
     build_expectations,
     require_some,
 )
+from ._trust import IdentityOpt, RequireOpt, TrustOpt, build_trust
 from .store import LatestOpt, RunOpt, target
 
 
@@ -40,6 +41,9 @@ def import_command(
     force: Annotated[
         bool, typer.Option("--force", help="Replace a non-empty DEST atomically.")
     ] = False,
+    trusted: TrustOpt = None,
+    require_signature: RequireOpt = False,
+    identity: IdentityOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Check a restore point against the expectations, then verify and unpack it into DEST."""
@@ -55,6 +59,7 @@ def import_command(
                 force=force,
                 progress=advance,
                 on_start=on_start,
+                trust=build_trust(trusted, require_signature, identity),
             )
         if json_:
             print_json(result.to_dict())
@@ -80,6 +85,8 @@ def check_command(
     key: KeyOpt = None,
     cache_root: CacheRootOpt = None,
     config: ConfigOpt = None,
+    trusted: TrustOpt = None,
+    require_signature: RequireOpt = False,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The import gate alone: can this restore point be resumed here? Exit 0 or 3."""
@@ -87,7 +94,11 @@ def check_command(
     def body() -> None:
         expectations = build_expectations(expect, trainer, term, key, cache_root, config)
         require_some(expectations, True)
-        result = check(target(url, use_latest, run_id), expectations)
+        result = check(
+            target(url, use_latest, run_id),
+            expectations,
+            trust=build_trust(trusted, require_signature),
+        )
         if json_:
             print_json(result.to_dict())
         else:

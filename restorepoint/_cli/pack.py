@@ -14,6 +14,7 @@ from ..ops import load_config, pack
 from ..ops._naming import entry_name, is_store_url
 from ..ops.gate import handoff_document, write_handoff
 from ..ops.store import prune
+from ..trust import load_public, load_signing_key
 from ._common import (
     human_bytes,
     parse_pairs,
@@ -58,6 +59,16 @@ def pack_command(
     level: Annotated[
         int, typer.Option(min=-7, max=22, help="zstd level; 0 stores the payload uncompressed.")
     ] = 1,
+    sign: Annotated[
+        list[Path] | None,
+        typer.Option("--sign", help="Sign with this Ed25519 private key (repeatable)."),
+    ] = None,
+    encrypt_to: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--encrypt-to", help="Encrypt the payload to this X25519 public key (repeatable)."
+        ),
+    ] = None,
     handoff: Annotated[
         Path | None,
         typer.Option(help="Also write a handoff file (JSON) for `import --expect` elsewhere."),
@@ -85,6 +96,8 @@ def pack_command(
                 cache_root=cache_root,
                 level=level,
                 run=run_id,
+                sign=[load_signing_key(p) for p in sign or []],
+                encrypt_to=[load_public(p, "encryption") for p in encrypt_to or []],
                 progress=advance,
                 on_start=on_start,
             )

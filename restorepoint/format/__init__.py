@@ -12,7 +12,21 @@ from .codecs import Codec, NoneCodec, ZstdCodec, codec_from_dict, register_codec
 from .identity import ConfigDifference, config_identity, diff_configs, identity_view
 from .manifest import KNOWN_FEATURES, Entry, Manifest, Position, Producer, Trainer
 from .paths import check_path, check_paths, fold
-from .reader import Head, PayloadDecoder, RangeSource, read_head, read_manifest
+from .reader import (
+    ChunkCipher,
+    Head,
+    PayloadDecoder,
+    Prefix,
+    RangeSource,
+    Tail,
+    parse_head,
+    parse_index,
+    read_head,
+    read_index,
+    read_manifest,
+    read_prefix,
+    read_tail,
+)
 from .writer import Sink, Writer
 
 __all__ = [
@@ -22,6 +36,7 @@ __all__ = [
     "KNOWN_FEATURES",
     "MAGIC",
     "CanonicalizationError",
+    "ChunkCipher",
     "Codec",
     "ConfigDifference",
     "Entry",
@@ -30,9 +45,11 @@ __all__ = [
     "NoneCodec",
     "PayloadDecoder",
     "Position",
+    "Prefix",
     "Producer",
     "RangeSource",
     "Sink",
+    "Tail",
     "Trainer",
     "Writer",
     "ZstdCodec",
@@ -44,8 +61,13 @@ __all__ = [
     "diff_configs",
     "fold",
     "identity_view",
+    "parse_head",
+    "parse_index",
     "read_head",
+    "read_index",
     "read_manifest",
+    "read_prefix",
+    "read_tail",
     "register_codec",
     "strict_loads",
 ]

@@ -14,7 +14,7 @@ FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 #: magic, major, minor, head_length
 PREAMBLE = struct.Struct("<8sHHI")
 DIGEST_SIZE = 32
-#: index_offset, index_length, index_sha256, reserved (zero in 1.0), end magic
+#: index_offset, index_length, index_sha256, signature_length (0: unsigned), end magic
 FOOTER = struct.Struct("<QQ32sQ8s")
 #: stored length of one chunk, before its stored bytes
 CHUNK_HEADER = struct.Struct("<I")

@@ -15,6 +15,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_PATH_BYTES",
     "MAX_SAFE_INTEGER",
+    "MAX_SIGNATURE_BYTES",
     "zstd_bound",
 ]
 
@@ -25,6 +26,8 @@ MAX_HEAD_BYTES = GATE_PREFIX_MAX - 16 - 32
 #: The index (the payload table) is read whole before any payload byte is trusted.
 MAX_INDEX_BYTES = 64 << 20
 MAX_ENTRIES = 100_000
+#: The signature block between the index and the footer (a few hundred bytes per signature).
+MAX_SIGNATURE_BYTES = 64 << 10
 MAX_PATH_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
 #: Nesting depth of any JSON value in the head or index (a config is the deepest part).

@@ -21,6 +21,8 @@ from .limits import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN, MAX_ENTRIES, MAX_SAFE_INTEGE
 from .paths import check_paths
 
 __all__ = [
+    "ENCRYPTION_FEATURE",
+    "ENCRYPTION_SCHEMES",
     "KNOWN_FEATURES",
     "RUN_PATTERN",
     "Entry",
@@ -30,8 +32,12 @@ __all__ = [
     "Trainer",
 ]
 
-#: Required features this reader implements. Format 1.0 defines none.
-KNOWN_FEATURES: frozenset[str] = frozenset()
+#: The required feature of encrypted payloads (spec section "Encryption").
+ENCRYPTION_FEATURE = "encryption/1"
+#: Encryption schemes, with the bytes each adds to a stored chunk (the AEAD tag).
+ENCRYPTION_SCHEMES: dict[str, int] = {"x25519-hkdf-aes256gcm-stream/1": 16}
+#: Required features this reader implements.
+KNOWN_FEATURES: frozenset[str] = frozenset({ENCRYPTION_FEATURE})
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ID = re.compile(r"^[0-9a-f]{32}$")
@@ -130,6 +136,7 @@ class Manifest:
     cache_keys: Mapping[str, str] = field(default_factory=dict)
     cache_root: str | None = None
     run: str | None = None
+    encryption: Mapping[str, Any] | None = None
     required_features: tuple[str, ...] = ()
     format_version: str = FORMAT_VERSION
     payload: tuple[Entry, ...] | None = None
@@ -140,6 +147,13 @@ class Manifest:
     def total_size(self) -> int:
         """Plain bytes of the whole payload (needs the index)."""
         return sum(e.size for e in self._need_payload())
+
+    @property
+    def chunk_overhead(self) -> int:
+        """Bytes the encryption adds to every stored chunk (0 when not encrypted)."""
+        if self.encryption is None:
+            return 0
+        return ENCRYPTION_SCHEMES[str(self.encryption["scheme"])]
 
     @property
     def file_count(self) -> int:
@@ -159,6 +173,7 @@ class Manifest:
             "config": dict(self.config) if self.config is not None else None,
             "config_identity": self.config_identity,
             "created": self.created,
+            "encryption": dict(self.encryption) if self.encryption is not None else None,
             "format_version": self.format_version,
             "id": self.id,
             "operational_keys": list(self.operational_keys),
@@ -260,6 +275,13 @@ class Manifest:
         cache_root = obj.get("cache_root", None)
         if cache_root is not None:
             _str(cache_root, "cache_root")
+        encryption = obj.get("encryption", None)
+        if (encryption is not None) != (ENCRYPTION_FEATURE in features):
+            raise MalformedManifest(
+                f"encryption and the required feature {ENCRYPTION_FEATURE!r} go together"
+            )
+        if encryption is not None:
+            _check_encryption(encryption)
         run = obj.get("run", None)
         if run is not None and not RUN_PATTERN.fullmatch(_str(run, "run")):
             raise MalformedManifest(
@@ -283,6 +305,7 @@ class Manifest:
             cache_keys=_str_map(obj.get("cache_keys"), "cache_keys"),
             cache_root=cache_root,
             run=run,
+            encryption=encryption,
             required_features=tuple(features),
             format_version=version,
         )
@@ -332,6 +355,22 @@ class Manifest:
             if total > MAX_SAFE_INTEGER:
                 raise LimitExceeded("the payload's total size exceeds 2**53-1")
         return self.with_payload(entries)
+
+
+def _check_encryption(value: Any) -> None:
+    """The head's encryption object: its structure only (opening it needs a key)."""
+    obj = _obj(value, "encryption")
+    if obj.get("scheme") not in ENCRYPTION_SCHEMES:
+        raise UnsupportedFormat(f"unknown encryption scheme {obj.get('scheme')!r}")
+    stanzas = obj.get("recipients")
+    if not isinstance(stanzas, list) or not stanzas:
+        raise MalformedManifest("encryption.recipients must be a non-empty array")
+    for i, stanza in enumerate(stanzas):
+        item = _obj(stanza, f"encryption.recipients[{i}]")
+        if item.get("type") != "X25519":
+            raise MalformedManifest(f"encryption.recipients[{i}].type must be X25519")
+        for name in ("ephemeral", "keyid", "wrapped_key"):
+            _str(item.get(name), f"encryption.recipients[{i}].{name}")
 
 
 # -- validation helpers ---------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from ..errors import (
+    DecryptionError,
     DigestMismatch,
     FramingError,
     LimitExceeded,
@@ -31,15 +32,45 @@ from ..errors import (
 )
 from ._json import strict_loads
 from ._layout import CHUNK_HEADER, DIGEST_SIZE, END_MAGIC, FOOTER, FORMAT_MAJOR, MAGIC, PREAMBLE
-from .limits import GATE_PREFIX_MAX, MAX_HEAD_BYTES, MAX_INDEX_BYTES
+from .limits import GATE_PREFIX_MAX, MAX_HEAD_BYTES, MAX_INDEX_BYTES, MAX_SIGNATURE_BYTES
 from .manifest import Entry, Manifest
 
-__all__ = ["Head", "PayloadDecoder", "RangeSource", "read_head", "read_manifest"]
+__all__ = [
+    "ChunkCipher",
+    "Head",
+    "PayloadDecoder",
+    "Prefix",
+    "RangeSource",
+    "Tail",
+    "parse_head",
+    "parse_index",
+    "read_head",
+    "read_index",
+    "read_manifest",
+    "read_prefix",
+    "read_tail",
+]
 
 #: First read of an object: most heads are a few KiB, so one request usually suffices.
 FIRST_READ = 64 << 10
 #: Last read of an object: footer and, for most restore points, the whole index.
 TAIL_READ = 256 << 10
+
+
+class ChunkCipher(Protocol):
+    """Seals and opens the stored bytes of one chunk (restorepoint.trust implements it): the
+    entry's path, size, position and the entry count, the chunk's index and whether it is the
+    last are all bound to it."""
+
+    overhead: int
+
+    def seal(
+        self, path: str, size: int, entry: int, entries: int, index: int, last: bool, data: bytes
+    ) -> bytes: ...
+
+    def open(
+        self, path: str, size: int, entry: int, entries: int, index: int, last: bool, data: bytes
+    ) -> bytes: ...
 
 
 class RangeSource(Protocol):
@@ -62,9 +93,32 @@ class Head:
     minor: int
 
 
-def read_head(source: RangeSource) -> Head:
-    """Reader steps 1-4: preamble, head, head digest, head validation. Reads at most
-    GATE_PREFIX_MAX bytes from the start of the object, nothing else."""
+@dataclass(frozen=True)
+class Prefix:
+    """The bounded prefix, framing and digest checked, not yet parsed."""
+
+    head_bytes: bytes
+    head_sha256: str
+    data_start: int
+    major: int
+    minor: int
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The footer and the signature block, framing checked; the index not yet read."""
+
+    index_offset: int
+    index_length: int
+    index_sha256: str
+    signature: bytes | None
+    tail: bytes
+    tail_start: int
+
+
+def read_prefix(source: RangeSource) -> Prefix:
+    """Reader steps R1-R3: preamble, head, head digest. Reads at most GATE_PREFIX_MAX bytes
+    from the start of the object, and parses nothing of the head."""
     size = source.size
     first = source.read_range(0, min(size, FIRST_READ))
     if len(first) < len(MAGIC) or first[: len(MAGIC)] != MAGIC:
@@ -113,65 +167,107 @@ def read_head(source: RangeSource) -> Head:
             found=digest.hex(),
             offset=PREAMBLE.size + head_length,
         )
-    manifest = Manifest.from_head_dict(strict_loads(head_bytes, "head"))
-    if manifest.format_version != f"{major}.{minor}":
+    return Prefix(head_bytes, digest.hex(), data_start, major, minor)
+
+
+def parse_head(prefix: Prefix) -> Head:
+    """Reader step R4: the head document, strictly parsed and validated."""
+    manifest = Manifest.from_head_dict(strict_loads(prefix.head_bytes, "head"))
+    if manifest.format_version != f"{prefix.major}.{prefix.minor}":
         raise MalformedManifest(
-            f"head says format {manifest.format_version}, the preamble {major}.{minor}"
+            f"head says format {manifest.format_version}, "
+            f"the preamble {prefix.major}.{prefix.minor}"
         )
-    return Head(manifest, digest.hex(), data_start, major, minor)
+    return Head(manifest, prefix.head_sha256, prefix.data_start, prefix.major, prefix.minor)
 
 
-def read_manifest(source: RangeSource, head: Head | None = None) -> tuple[Head, Manifest]:
-    """Reader steps 1-8: head, footer, index, and the layout checks (offsets contiguous, stored
-    sizes within the codec's bounds, nothing after the footer). Reads no payload byte."""
-    head = head or read_head(source)
+def read_head(source: RangeSource) -> Head:
+    """Reader steps R1-R4: the identity part, from at most GATE_PREFIX_MAX leading bytes."""
+    return parse_head(read_prefix(source))
+
+
+def read_tail(source: RangeSource, data_start: int) -> Tail:
+    """Reader steps R5-R6: the footer (which must end the object) and the signature block
+    before it. Reads the last TAIL_READ bytes (more only for a larger signature block); the
+    index is not read yet."""
     size = source.size
-    min_size = head.data_start + FOOTER.size
-    if size < min_size:
+    if size < data_start + FOOTER.size:
         raise TruncatedRestorePoint(
             f"the object ends at byte {size}, before a footer could start", offset=size
         )
-    tail_start = max(head.data_start, size - TAIL_READ)
+    tail_start = max(data_start, size - TAIL_READ)
     tail = source.read_range(tail_start, size)
     if len(tail) != size - tail_start:
         raise TruncatedRestorePoint("the object is shorter than its reported size", offset=size)
-    footer = tail[-FOOTER.size :]
-    index_offset, index_length, index_sha, reserved, end = FOOTER.unpack(footer)
+    index_offset, index_length, index_sha, sig_length, end = FOOTER.unpack(tail[-FOOTER.size :])
     if end != END_MAGIC:
-        _no_footer(tail, tail_start, size, head.data_start)
-    if reserved != 0:
-        raise FramingError("footer reserved field is not zero", offset=size - 16)
+        _no_footer(tail, tail_start, size, data_start)
+    footer_start = size - FOOTER.size
     if index_length > MAX_INDEX_BYTES:
         raise LimitExceeded(
-            f"index length {index_length} exceeds {MAX_INDEX_BYTES}", offset=size - FOOTER.size + 8
+            f"index length {index_length} exceeds {MAX_INDEX_BYTES}", offset=footer_start + 8
         )
-    footer_start = size - FOOTER.size
-    if index_offset < head.data_start or index_offset + index_length != footer_start:
+    if sig_length > MAX_SIGNATURE_BYTES:
+        raise LimitExceeded(
+            f"signature block length {sig_length} exceeds {MAX_SIGNATURE_BYTES}",
+            offset=footer_start + 48,
+        )
+    if index_offset < data_start or index_offset + index_length + sig_length != footer_start:
         raise FramingError(
-            f"footer places the index at {index_offset}+{index_length}, "
-            f"but the footer starts at {footer_start}",
+            f"footer places the index at {index_offset}+{index_length} and "
+            f"{sig_length} signature bytes before the footer at {footer_start}",
             offset=footer_start,
         )
-    if index_offset >= tail_start:
-        index_bytes = tail[index_offset - tail_start : footer_start - tail_start]
+    signature = None
+    if sig_length:
+        sig_start = footer_start - sig_length
+        if sig_start >= tail_start:
+            signature = tail[sig_start - tail_start : footer_start - tail_start]
+        else:
+            signature = source.read_range(sig_start, footer_start)
+            if len(signature) != sig_length:
+                raise TruncatedRestorePoint("the object ends inside the signatures", offset=size)
+    return Tail(index_offset, index_length, index_sha.hex(), signature, tail, tail_start)
+
+
+def read_index(source: RangeSource, tail: Tail) -> bytes:
+    """Reader step R7: the index bytes, checked against the footer's digest."""
+    start, end = tail.index_offset, tail.index_offset + tail.index_length
+    if start >= tail.tail_start:
+        index_bytes = tail.tail[start - tail.tail_start : end - tail.tail_start]
     else:
-        index_bytes = source.read_range(index_offset, footer_start)
-        if len(index_bytes) != index_length:
-            raise TruncatedRestorePoint("the object ends inside the index", offset=size)
-    digest = hashlib.sha256(index_bytes).digest()
-    if digest != index_sha:
+        index_bytes = source.read_range(start, end)
+        if len(index_bytes) != tail.index_length:
+            raise TruncatedRestorePoint("the object ends inside the index", offset=source.size)
+    digest = hashlib.sha256(index_bytes).hexdigest()
+    if digest != tail.index_sha256:
         raise DigestMismatch(
             "index digest differs",
             member="(index)",
-            expected=index_sha.hex(),
-            found=digest.hex(),
-            offset=index_offset,
+            expected=tail.index_sha256,
+            found=digest,
+            offset=start,
         )
+    return index_bytes
+
+
+def parse_index(head: Head, tail: Tail, index_bytes: bytes) -> Manifest:
+    """Reader step R8: the index document against its head, and the layout checks (offsets
+    contiguous, stored sizes within the codec's bounds)."""
     manifest = head.manifest.payload_from_index_dict(
         strict_loads(index_bytes, "index"), head.head_sha256
     )
-    _check_layout(manifest, head.data_start, index_offset)
-    return head, manifest
+    _check_layout(manifest, head.data_start, tail.index_offset)
+    return manifest
+
+
+def read_manifest(source: RangeSource, head: Head | None = None) -> tuple[Head, Manifest]:
+    """Reader steps R1-R8: head, footer, signatures' framing, index, layout. Reads no payload
+    byte. (Callers that check signatures run read_prefix, read_tail and read_index themselves,
+    and parse only after the check.)"""
+    head = head or read_head(source)
+    tail = read_tail(source, head.data_start)
+    return head, parse_index(head, tail, read_index(source, tail))
 
 
 def _no_footer(tail: bytes, tail_start: int, size: int, data_start: int) -> None:
@@ -182,10 +278,10 @@ def _no_footer(tail: bytes, tail_start: int, size: int, data_start: int) -> None
         end = tail_start + pos + len(END_MAGIC)
         start = end - FOOTER.size
         if start >= tail_start and start >= data_start:
-            index_offset, index_length, _, _, _ = FOOTER.unpack(
+            index_offset, index_length, _, sig_length, _ = FOOTER.unpack(
                 tail[pos + 8 - FOOTER.size : pos + 8]
             )
-            if index_offset + index_length == start:
+            if index_offset + index_length + sig_length == start:
                 raise TrailingBytes(
                     f"{size - end} bytes follow the footer that ends at byte {end}", offset=end
                 )
@@ -203,6 +299,7 @@ def chunk_count(size: int, chunk_size: int) -> int:
 def _check_layout(manifest: Manifest, data_start: int, index_offset: int) -> None:
     expected_offset = data_start
     assert manifest.payload is not None
+    overhead = manifest.chunk_overhead
     for entry in manifest.payload:
         if entry.offset != expected_offset:
             raise FramingError(
@@ -216,8 +313,8 @@ def _check_layout(manifest: Manifest, data_start: int, index_offset: int) -> Non
         lowest = n * CHUNK_HEADER.size
         highest = lowest
         if n:
-            highest += (n - 1) * entry.codec.max_stored(manifest.chunk_size)
-            highest += entry.codec.max_stored(last)
+            highest += (n - 1) * (entry.codec.max_stored(manifest.chunk_size) + overhead)
+            highest += entry.codec.max_stored(last) + overhead
         if not lowest <= entry.stored_size <= highest:
             raise FramingError(
                 f"stored size {entry.stored_size} is impossible for {entry.size} bytes "
@@ -239,8 +336,18 @@ class PayloadDecoder:
     order, and ``(entry, None)`` once an entry's sha256 has been checked. Decoding runs on a
     pool of ``threads``; at most ``2 * threads`` chunks are in flight."""
 
-    def __init__(self, manifest: Manifest, stream: BinaryIO, *, threads: int = 2) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        stream: BinaryIO,
+        *,
+        threads: int = 2,
+        cipher: ChunkCipher | None = None,
+    ) -> None:
         assert manifest.payload is not None
+        if manifest.encryption is not None and cipher is None:
+            raise DecryptionError("the payload is encrypted: a key is needed to read it")
+        self.cipher = cipher
         self.manifest = manifest
         self.stream = stream
         self.threads = max(1, threads)
@@ -260,11 +367,13 @@ class PayloadDecoder:
     def events(self) -> Iterator[tuple[Entry, bytes | None]]:
         assert self.manifest.payload is not None
         chunk_size = self.manifest.chunk_size
+        overhead = self.manifest.chunk_overhead
+        entries = len(self.manifest.payload)
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rp-decode")
         inflight: deque[tuple[Entry, Future[bytes] | None, int]] = deque()
         hashes: dict[str, hashlib._Hash] = {}
         try:
-            for entry in self.manifest.payload:
+            for position, entry in enumerate(self.manifest.payload):
                 hashes[entry.path] = hashlib.sha256()
                 n = chunk_count(entry.size, chunk_size)
                 left_plain = entry.size
@@ -277,7 +386,7 @@ class PayloadDecoder:
                     left_stored -= CHUNK_HEADER.size
                     reserve = (n - 1 - i) * CHUNK_HEADER.size
                     if (
-                        stored_len > entry.codec.max_stored(plain)
+                        stored_len > entry.codec.max_stored(plain) + overhead
                         or stored_len > left_stored - reserve
                     ):
                         raise FramingError(
@@ -287,7 +396,10 @@ class PayloadDecoder:
                         )
                     stored = self._read(stored_len, entry)
                     left_stored -= stored_len
-                    inflight.append((entry, pool.submit(entry.codec.decode, stored, plain), i))
+                    task = pool.submit(
+                        self._decode, entry, position, entries, i, i == n - 1, stored, plain
+                    )
+                    inflight.append((entry, task, i))
                     while len(inflight) > 2 * self.threads:
                         yield from self._settle(inflight.popleft(), hashes)
                 if left_stored != 0:
@@ -301,6 +413,22 @@ class PayloadDecoder:
                 yield from self._settle(inflight.popleft(), hashes)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def _decode(
+        self,
+        entry: Entry,
+        position: int,
+        entries: int,
+        index: int,
+        last: bool,
+        stored: bytes,
+        plain: int,
+    ) -> bytes:
+        if self.cipher is not None:
+            stored = self.cipher.open(
+                entry.path, entry.size, position, entries, index, last, stored
+            )
+        return entry.codec.decode(stored, plain)
 
     def _settle(
         self, item: tuple[Entry, Future[bytes] | None, int], hashes: dict[str, hashlib._Hash]

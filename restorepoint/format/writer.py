@@ -23,9 +23,16 @@ from ..errors import IntegrityError, SourceError
 from ._json import canonical_dumps, strict_loads
 from ._layout import CHUNK_HEADER, END_MAGIC, FOOTER, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, PREAMBLE
 from .codecs import Codec, NoneCodec
-from .limits import MAX_ENTRIES, MAX_HEAD_BYTES, MAX_INDEX_BYTES, MAX_SAFE_INTEGER
+from .limits import (
+    MAX_ENTRIES,
+    MAX_HEAD_BYTES,
+    MAX_INDEX_BYTES,
+    MAX_SAFE_INTEGER,
+    MAX_SIGNATURE_BYTES,
+)
 from .manifest import Entry, Manifest
 from .paths import check_path
+from .reader import ChunkCipher
 
 __all__ = ["Sink", "Writer"]
 
@@ -66,8 +73,17 @@ class Writer:
     codec: Codec = field(default_factory=NoneCodec)
     threads: int = 2
     progress: Callable[[int], None] | None = None
+    #: Seals every stored chunk (encrypted payloads); needs ``entries``, the number of files.
+    cipher: ChunkCipher | None = None
+    entries: int | None = None
+    #: Makes the signature block from (head sha256, index sha256); None: unsigned.
+    signer: Callable[[str, str], bytes] | None = None
 
     def __post_init__(self) -> None:
+        if (self.cipher is None) != (self.head.encryption is None):
+            raise ValueError("a cipher goes with a head that declares its encryption")
+        if self.cipher is not None and self.entries is None:
+            raise ValueError("an encrypting writer needs the number of entries up front")
         self._object_hash = hashlib.sha256()
         # The object's sha256 runs on a thread of its own, beside the writes: on two cores
         # that is what keeps a store-only pack close to a plain read-and-hash pass.
@@ -101,7 +117,7 @@ class Writer:
         self._emit(PREAMBLE.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, len(head)))
         self._emit(head)
         self._emit(digest)
-        if not isinstance(self.codec, NoneCodec):
+        if not isinstance(self.codec, NoneCodec) or self.cipher is not None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rp-encode")
         self._thread = threading.Thread(target=self._drain, name="rp-write", daemon=True)
         self._thread.start()
@@ -113,12 +129,17 @@ class Writer:
             raise SourceError(f"payload paths must be added in sorted order: {path!r}")
         if len(self._paths) >= MAX_ENTRIES:
             raise SourceError(f"more than {MAX_ENTRIES} payload files")
+        if self.entries is not None and len(self._paths) >= self.entries:
+            raise SourceError(f"more payload files than the {self.entries} announced")
+        position = len(self._paths)
+        n_chunks = -(-size // self.head.chunk_size)
         self._paths.append(path)
         pending = _Pending(path, size)
         self._put(("begin", pending, None))
         file_hash = hashlib.sha256()
         chunk_size = self.head.chunk_size
         left = size
+        index = 0
         while left > 0:
             want = min(chunk_size, left)
             chunk = _read_exactly(source, want)
@@ -130,7 +151,10 @@ class Writer:
             if self._pool is None:
                 future = _Done(chunk)
             else:
-                future = self._pool.submit(self.codec.encode, chunk)
+                future = self._pool.submit(
+                    self._encode, path, size, position, index, index == n_chunks - 1, chunk
+                )
+            index += 1
             self._put(("chunk", pending, future))  # type: ignore[arg-type]
             if self.progress is not None:
                 self.progress(want)
@@ -139,10 +163,21 @@ class Writer:
         pending.sha256 = file_hash.hexdigest()
         self._put(("end", pending, None))
 
+    def _encode(
+        self, path: str, size: int, position: int, index: int, last: bool, chunk: bytes
+    ) -> bytes:
+        stored = self.codec.encode(chunk)
+        if self.cipher is not None:
+            assert self.entries is not None
+            stored = self.cipher.seal(path, size, position, self.entries, index, last, stored)
+        return stored
+
     def finish(self) -> tuple[Manifest, str, int]:
-        """Steps 5-6: index and footer. Returns the full manifest, the object's sha256 and
-        its size."""
+        """Steps 5-6: index, signature block, footer. Returns the full manifest, the object's
+        sha256 and its size."""
         self._stop()
+        if self.entries is not None and len(self._entries) != self.entries:
+            raise SourceError(f"{len(self._entries)} payload files, {self.entries} announced")
         manifest = self.head.with_payload(self._entries)
         index = canonical_dumps(manifest.index_dict(self._head_sha256))
         if len(index) > MAX_INDEX_BYTES:
@@ -150,7 +185,13 @@ class Writer:
         index_offset = self._position
         index_digest = hashlib.sha256(index).digest()
         self._emit(index)
-        self._emit(FOOTER.pack(index_offset, len(index), index_digest, 0, END_MAGIC))
+        signature = b""
+        if self.signer is not None:
+            signature = self.signer(self._head_sha256, index_digest.hex())
+            if len(signature) > MAX_SIGNATURE_BYTES:
+                raise SourceError(f"the signature block exceeds {MAX_SIGNATURE_BYTES} bytes")
+            self._emit(signature)
+        self._emit(FOOTER.pack(index_offset, len(index), index_digest, len(signature), END_MAGIC))
         if self._position > MAX_SAFE_INTEGER:
             raise SourceError("the restore point would exceed 2**53-1 bytes")
         digest = self._object_digest()

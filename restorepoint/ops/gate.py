@@ -28,10 +28,10 @@ from ..format import (
     canonical_dumps,
     config_identity,
     diff_configs,
-    read_head,
 )
 from ..storage import Location, resolve
 from ._config import check_json_data
+from ._open import NO_TRUST, Trust, open_head
 
 __all__ = [
     "HANDOFF_FORMAT",
@@ -249,6 +249,7 @@ def check(
     *,
     storage_options: dict[str, Any] | None = None,
     raise_on_mismatch: bool = True,
+    trust: Trust = NO_TRUST,
 ) -> CheckResult:
     """The gate alone: read the head from a bounded prefix and compare. Raises
     IncompatibleRestorePoint (exit 3) listing every mismatch, unless ``raise_on_mismatch`` is
@@ -257,7 +258,7 @@ def check(
     with at_url(location.url):
         reader = location.reader()
         try:
-            head = read_head(reader).manifest
+            head = open_head(reader, trust).head.manifest
         finally:
             reader.close()
         result = CheckResult(location.url, head, mismatches(head, expect))

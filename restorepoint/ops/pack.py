@@ -12,9 +12,11 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .._version import __version__
 from ..errors import ConfigError, IntegrityError, SourceError, UsageError, at_url
@@ -34,8 +36,9 @@ from ..format import (
 )
 from ..format.identity import check_operational_key
 from ..format.limits import CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CHUNK_SIZE_MIN
-from ..format.manifest import RUN_PATTERN
+from ..format.manifest import ENCRYPTION_FEATURE, RUN_PATTERN
 from ..storage import Location, resolve
+from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
 from ._config import check_json_data
 from ._naming import entry_name, is_store_url
 from ._source import SourceFile, list_source
@@ -193,12 +196,18 @@ def pack(
     rp_id: str | None = None,
     run: str | None = None,
     into_store: bool | None = None,
+    sign: Sequence[Ed25519PrivateKey] = (),
+    encrypt_to: Sequence[PublicKey] = (),
 ) -> PackResult:
     """Pack ``source`` (a directory or one file) into a restore point published at ``dest``.
 
     A ``dest`` that ends in "/" (or ``into_store=True``) is a store: the restore point is
     published create-only under its store name, ``RUN/STEP-CREATED-ID.rp`` (a run is then
     required: ``run=``, or a config to derive it from).
+
+    ``sign`` keys sign the whole manifest (every payload digest included); ``encrypt_to``
+    X25519 public keys each get the payload's key, and the payload is encrypted (the head, with
+    identity and position, stays readable for the import gate).
 
     ``level`` is the zstd level (``None`` or 0 store the payload uncompressed). ``progress`` is
     called with each number of source bytes read; ``on_start`` once with the total."""
@@ -225,13 +234,41 @@ def pack(
     total = sum(f.size for f in files)
     if on_start is not None:
         on_start(total)
+    cipher = None
+    if encrypt_to:
+        if any(k.kind != "encryption" for k in encrypt_to):
+            raise UsageError("--encrypt-to needs X25519 public keys (keygen --for encryption)")
+        file_key, encryption = recipients_for(encrypt_to)
+        head = replace(
+            head,
+            encryption=encryption,
+            required_features=tuple(sorted({*head.required_features, ENCRYPTION_FEATURE})),
+        )
+        cipher = StreamCipher(file_key, head.id)
+    signer = None
+    if sign:
+        keys = list(sign)
+        rp_id = head.id
+
+        def signer(head_sha256: str, index_sha256: str) -> bytes:
+            return signature_block(statement(rp_id, head_sha256, index_sha256), keys)
+
     store = is_store_url(dest) if into_store is None else into_store
     location = resolve(dest, storage_options)
     if store:
         location = location.join(entry_name(head))
     with at_url(location.url):
         manifest, digest, size = _publish(
-            location, head, codec, files, total, threads, progress, create_only=store
+            location,
+            head,
+            codec,
+            files,
+            total,
+            threads,
+            progress,
+            create_only=store,
+            cipher=cipher,
+            signer=signer,
         )
     return PackResult(
         url=location.url,
@@ -255,10 +292,21 @@ def _publish(
     progress: Callable[[int], None] | None,
     *,
     create_only: bool = False,
+    cipher: StreamCipher | None = None,
+    signer: Callable[[str, str], bytes] | None = None,
 ) -> tuple[Manifest, str, int]:
     """Writer steps 1-6 into an atomic publisher; the commit is the last step."""
     with location.publish(size_hint=total, create_only=create_only) as publisher:
-        writer = Writer(publisher, head, codec, threads or default_threads(), progress)
+        writer = Writer(
+            publisher,
+            head,
+            codec,
+            threads or default_threads(),
+            progress,
+            cipher=cipher,
+            entries=len(files) if cipher is not None else None,
+            signer=signer,
+        )
         try:
             writer.begin()
             for item in files:

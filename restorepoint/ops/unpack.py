@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DestinationError, StorageError, at_url
-from ..format import Manifest, PayloadDecoder, check_path, check_paths, read_head, read_manifest
+from ..format import ChunkCipher, Manifest, PayloadDecoder, check_path, check_paths
 from ..storage import Location, resolve, translate
+from ._open import NO_TRUST, Trust, open_head, open_manifest
 from .gate import CheckResult, Expectations, mismatches, refuse
 from .pack import default_threads
 
@@ -79,8 +80,13 @@ def import_restore_point(
     storage_options: dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    trust: Trust = NO_TRUST,
 ) -> ImportResult:
     """Import the restore point at ``url`` into the local directory ``dest``.
+
+    With ``trust``, signatures are checked (before the gate reads the head, and again over
+    the whole manifest) and an encrypted payload is decrypted with ``trust.identity`` as it is
+    unpacked; a missing or wrong key is a DecryptionError before anything is written.
 
     Raises IncompatibleRestorePoint (exit 3) when ``expect`` is not met, DestinationError
     (exit 2) when DEST is not empty and ``force`` is not set, an IntegrityError (exit 1) when
@@ -92,21 +98,25 @@ def import_restore_point(
     with at_url(location.url):
         reader = location.reader()
         try:
-            head = read_head(reader)
+            head = open_head(reader, trust).head
             result = CheckResult(location.url, head.manifest, [])
             if expect is not None:
                 result = CheckResult(location.url, head.manifest, mismatches(head.manifest, expect))
                 if not result.compatible:
                     raise refuse(result)
             replacing = _check_destination(target, force)
-            head, manifest = read_manifest(reader, head)
+            opened = open_manifest(reader, trust, need_key=True)
+            head, manifest = opened.head, opened.manifest
+            assert manifest is not None
             _check_space(target, manifest)
             if on_start is not None:
                 on_start(manifest.total_size)
             _clean_leftovers(target)
             stream = reader.open_stream(head.data_start)
             try:
-                files = _unpack(manifest, stream, target, replacing, threads, progress)
+                files = _unpack(
+                    manifest, stream, target, replacing, threads, progress, opened.cipher
+                )
             finally:
                 stream.close()
         finally:
@@ -267,6 +277,7 @@ def _unpack(
     replacing: bool,
     threads: int | None,
     progress: Callable[[int], None] | None,
+    cipher: ChunkCipher | None = None,
 ) -> list[str]:
     assert manifest.payload is not None
     # The path rules again, on exactly what will be written (defence in depth: the reader
@@ -292,7 +303,7 @@ def _unpack(
             os.chmod(staging, 0o700)
             tree = _Tree(staging)
             try:
-                _write_files(manifest, stream, tree, threads, progress)
+                _write_files(manifest, stream, tree, threads, progress, cipher)
                 # Before the fsyncs, so that DEST's mode is as durable as its entries.
                 os.chmod(staging, mode)
                 tree.sync_and_close()
@@ -313,9 +324,10 @@ def _write_files(
     tree: _Tree,
     threads: int | None,
     progress: Callable[[int], None] | None,
+    cipher: ChunkCipher | None,
 ) -> None:
     assert manifest.payload is not None
-    decoder = PayloadDecoder(manifest, stream, threads=threads or default_threads())
+    decoder = PayloadDecoder(manifest, stream, threads=threads or default_threads(), cipher=cipher)
     fd = -1
     current = None
     try:

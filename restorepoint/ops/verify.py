@@ -15,6 +15,7 @@ from ..errors import at_url
 from ..format import Head, Manifest, PayloadDecoder, read_head
 from ..format import read_manifest as format_read_manifest
 from ..storage import Location, resolve
+from ._open import NO_TRUST, Trust, open_manifest
 from .pack import default_threads
 
 __all__ = ["VerifyReport", "read_head_of", "read_manifest", "verify"]
@@ -30,16 +31,21 @@ class VerifyReport:
     files: int
     bytes: int
     seconds: float
+    signed_by: tuple[str, ...] = ()
+    trusted_by: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "bytes": self.bytes,
+            "encrypted": self.manifest.encryption is not None,
             "files": self.files,
             "id": self.manifest.id,
             "ok": True,
             "position": self.manifest.position.to_dict(),
             "seconds": round(self.seconds, 6),
+            "signed_by": list(self.signed_by),
             "size": self.size,
+            "trusted_by": list(self.trusted_by),
             "url": self.url,
         }
 
@@ -51,13 +57,16 @@ def verify(
     storage_options: dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    trust: Trust = NO_TRUST,
 ) -> VerifyReport:
     """Verify the restore point at ``url``; raise an IntegrityError subclass naming the first
-    fault found, or a StorageError if it cannot be read."""
+    fault found, or a StorageError if it cannot be read. Signatures present are always checked
+    for validity, and against ``trust`` (trusted keys, a required signature) before anything
+    else of the manifest is believed; an encrypted payload needs ``trust.identity``."""
     started = time.perf_counter()
     location = resolve(url, storage_options)
     with at_url(location.url):
-        return _verify(location, started, threads, progress, on_start)
+        return _verify(location, started, threads, progress, on_start, trust)
 
 
 def _verify(
@@ -66,16 +75,21 @@ def _verify(
     threads: int | None,
     progress: Callable[[int], None] | None,
     on_start: Callable[[int], None] | None,
+    trust: Trust,
 ) -> VerifyReport:
     reader = location.reader()
     try:
-        head, manifest = format_read_manifest(reader)
+        opened = open_manifest(reader, trust, need_key=True)
+        head, manifest = opened.head, opened.manifest
+        assert manifest is not None
         if on_start is not None:
             on_start(manifest.total_size)
         checked = 0
         stream = reader.open_stream(head.data_start)
         try:
-            decoder = PayloadDecoder(manifest, stream, threads=threads or default_threads())
+            decoder = PayloadDecoder(
+                manifest, stream, threads=threads or default_threads(), cipher=opened.cipher
+            )
             for _entry, chunk in decoder.events():
                 if chunk is not None:
                     checked += len(chunk)
@@ -93,6 +107,8 @@ def _verify(
         files=manifest.file_count,
         bytes=checked,
         seconds=time.perf_counter() - started,
+        signed_by=opened.signature.signed_by if opened.signature else (),
+        trusted_by=opened.signature.trusted_by if opened.signature else (),
     )
 
 

@@ -48,6 +48,7 @@ def sample_head(**overrides: Any) -> dict[str, Any]:
         "config": config,
         "config_identity": config_identity(config, operational),
         "created": FIXED_CREATED,
+        "encryption": None,
         "format_version": FORMAT_VERSION,
         "id": FIXED_ID,
         "operational_keys": operational,

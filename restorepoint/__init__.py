@@ -58,6 +58,7 @@ from .ops import (
     verify,
     write_handoff,
 )
+from .ops._open import Trust
 
 __all__ = [
     "AlreadyExists",
@@ -94,6 +95,7 @@ __all__ = [
     "TrailingBytes",
     "Trainer",
     "TruncatedRestorePoint",
+    "Trust",
     "UnsafePath",
     "UnsupportedFormat",
     "UsageError",

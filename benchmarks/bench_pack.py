@@ -15,6 +15,7 @@ multiples of it, to show that memory does not grow with the payload. See docs/pe
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import io
 import json
@@ -205,6 +206,20 @@ def make_tools(
     def rp_store(out: Path) -> int:
         return restorepoint.pack(str(source), str(out / "store.rp"), position=0, level=None).size
 
+    from restorepoint import trust
+
+    keys = Path(tempfile.mkdtemp(prefix="rp-bench-keys-"))
+    atexit.register(shutil.rmtree, keys, True)
+    trust.generate(keys / "signer.key", "signing")
+    trust.generate(keys / "recipient.key", "encryption")
+    signer = trust.load_signing_key(keys / "signer.key")
+    recipient = trust.load_public(keys / "recipient.key.pub", "encryption")
+
+    def rp_pack_trust(out: Path) -> int:
+        return restorepoint.pack(
+            str(source), str(out / "trust.rp"), position=0, sign=[signer], encrypt_to=[recipient]
+        ).size
+
     def tar_pipeline(out: Path) -> int:
         archive = out / "out.tar.zst"
         run_checked(["tar", "-I", "zstd -1 -T0", "-cf", str(archive), "-C", str(source), "."])
@@ -235,6 +250,7 @@ def make_tools(
     tools = [
         Tool("pack", "restorepoint pack (zstd 1)", rp_pack),
         Tool("pack_store", "restorepoint pack (store only)", rp_store),
+        Tool("pack_trust", "restorepoint pack (zstd 1, signed + encrypted)", rp_pack_trust),
         Tool("tar", "tar | zstd -1 -T0 + sha256sum", tar_pipeline),
     ]
     if torch_state is not None:
@@ -421,6 +437,8 @@ def targets(runs: dict[str, dict[str, Any]], rss: list[dict]) -> list[dict[str, 
             None,
         ),
         ("verify / sha256sum", "verify", "sha256sum", ">=", 2.0),
+        # Signing and encryption together may cost at most 25% of pack throughput.
+        ("signed+encrypted pack / pack", "pack_trust", "pack", ">=", 0.75),
     ]
     out = []
     for name, a, b, op, goal in specs:

@@ -1,98 +1,182 @@
-"""restorepoint demo: the README's main command.
+"""restorepoint demo: the README's main command, a real preempt-and-resume.
 
-For now it shows the core on a sample checkpoint: pack it, verify it, inspect it, then prove
-that a damaged copy is refused. (The preempt-and-resume demo with a real PyTorch run replaces
-this once the torch runtime exists.)"""
+1. Train a small MLP uninterrupted (the reference).
+2. Train it again in a child process; at a random step send the child a real SIGTERM. It
+   snapshots at the next effective-batch boundary, publishes a restore point into a local store
+   and exits with 42.
+3. On "another machine" (a fresh directory) import the newest restore point through the gate.
+4. Resume there to the end, and compare the final weights and optimizer state with the
+   reference, bit for bit. Exit 1 if they differ.
+"""
 
 from __future__ import annotations
 
-import array
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from ..errors import IntegrityError, UsageError
-from ..ops import pack, read_manifest, verify
-from ._common import human_bytes, print_json, run
-from .inspect import render
+from ..errors import MissingExtra, UsageError
+from ._common import print_json, run
 
 
-def write_sample_checkpoint(directory: Path, seed: int = 0) -> dict[str, object]:
-    """A checkpoint-like directory: float32 'weights', an 'optimizer' file, trainer state."""
-    rng = random.Random(seed)  # noqa: S311 - sample data, not secrets
-    directory.mkdir(parents=True, exist_ok=True)
-    weights = array.array("f", (rng.gauss(0.0, 0.02) for _ in range(1 << 20)))
-    (directory / "model.bin").write_bytes(weights.tobytes())
-    moments = array.array("f", (rng.gauss(0.0, 1e-3) for _ in range(1 << 19)))
-    (directory / "optimizer.bin").write_bytes(moments.tobytes())
-    state = {"global_step": 1500, "epoch": 3, "batch_in_epoch": 20}
-    (directory / "trainer_state.json").write_text(json.dumps(state))
-    return {
-        "model": {"width": 1024, "depth": 1},
-        "optimizer": {"lr": 0.001, "betas": [0.9, 0.999]},
-        "seed": seed,
-        "train": {"checkpoint_every": 500, "auto_resume": True},
-    }
+def _child(root: Path, out: Path, store: Path | None, log: Path) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "restorepoint.testing.trainer", "--root", str(root),
+           "--out", str(out)]  # fmt: skip
+    if store is not None:
+        cmd += ["--store", str(store) + "/"]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=os.environ.copy()
+    )
+
+
+def _finish(proc: subprocess.Popen[str], what: str, log: Path) -> int:
+    assert proc.stdout is not None
+    for _ in proc.stdout:
+        pass
+    code = proc.wait()
+    if code not in (0, 42):
+        tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
+        raise UsageError(f"the {what} training run failed with exit {code}: {tail[0]}")
+    return code
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def demo_command(
     workdir: Annotated[
         Path | None, typer.Option(help="Directory for the demo's files (default: a temp dir).")
     ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Pick the preemption step with this seed.")
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Pack a sample checkpoint, verify and inspect it, and show a damaged copy refused."""
+    """Train, preempt with a real signal, import elsewhere, resume, and compare bit for bit."""
 
     def body() -> None:
+        try:
+            import torch
+        except ImportError as exc:
+            raise MissingExtra("torch", "torch", "the demo") from exc
+        from ..ops import Expectations, import_restore_point, latest
+        from ..testing.trainer import CONFIG
+
         with tempfile.TemporaryDirectory(prefix="restorepoint-demo-") as tmp:
             base = workdir or Path(tmp)
             if workdir is not None and workdir.exists() and any(workdir.iterdir()):
                 raise UsageError(f"--workdir {workdir} is not empty")
-            source = base / "checkpoint"
-            config = write_sample_checkpoint(source)
-            url = str(base / "store" / "run-step1500.rp")
-            packed = pack(
-                source,
-                url,
-                position=1500,
-                trainer=("demo-trainer", "1.0"),
-                config=config,
-                operational_keys=["train.checkpoint_every", "train.auto_resume"],
-                cache_keys={"dataset": "synthetic-v1"},
-                terms={"framework": "none"},
+            base.mkdir(parents=True, exist_ok=True)
+            store = base / "store"
+            say = (lambda *a: None) if json_ else typer.echo
+
+            say("1/4 training the reference run, uninterrupted ...")
+            ref = _child(
+                base / "reference" / "runs", base / "reference.pt", None, base / "reference.log"
             )
-            checked = verify(url)
-            manifest = read_manifest(url)
-            damaged = base / "store" / "damaged.rp"
-            data = bytearray(Path(url).read_bytes())
-            data[len(data) // 2] ^= 0xFF
-            damaged.write_bytes(bytes(data))
-            try:
-                verify(str(damaged))
-            except IntegrityError as exc:
-                refused = f"{type(exc).__name__} ({exc.member or 'structure'}): {exc.message}"
-            else:  # pragma: no cover - would be a bug
-                raise AssertionError("a damaged restore point verified")
+            _finish(ref, "reference", base / "reference.log")
+
+            rng = random.Random(seed)  # noqa: S311 - picks a step, not a secret
+            per_epoch = CONFIG["data"]["samples"] // (
+                CONFIG["data"]["batch_size"] * CONFIG["data"]["accumulate"]
+            )
+            total = per_epoch * CONFIG["epochs"]
+            target = rng.randint(3, total - 3)
+            say(f"2/4 training on machine A; a SIGTERM will arrive after step {target} ...")
+            a_root = base / "machine-a" / "runs"
+            child = _child(a_root, base / "unused.pt", store, base / "machine-a.log")
+            assert child.stdout is not None
+            sent_at = None
+            for line in child.stdout:
+                if line.startswith("step ") and int(line.split()[1]) >= target and sent_at is None:
+                    child.send_signal(signal.SIGTERM)
+                    sent_at = time.perf_counter()
+            code = child.wait()
+            if code != 42:
+                raise UsageError(f"machine A exited {code}, not 42 (see {base / 'machine-a.log'})")
+            (run_dir,) = list(a_root.iterdir())
+            events = _events(run_dir)
+            snap = next(e for e in events if e["event"] == "snapshot")
+            upload = next(e for e in events if e["event"] == "uploaded")
+            status = json.loads((run_dir / "run_status.json").read_text())
+
+            say("3/4 importing the restore point on machine B, through the gate ...")
+            entry = latest(str(store) + "/", run=run_dir.name)
+            b_run = base / "machine-b" / "runs" / run_dir.name
+            started = time.perf_counter()
+            imported = import_restore_point(
+                entry.url,
+                b_run / "checkpoints",
+                expect=Expectations(config=json.loads(json.dumps(CONFIG))),
+            )
+            import_s = time.perf_counter() - started
+
+            say("4/4 resuming on machine B to the end ...")
+            resumed = _child(
+                base / "machine-b" / "runs", base / "resumed.pt", None, base / "machine-b.log"
+            )
+            _finish(resumed, "resumed", base / "machine-b.log")
+
+            a = torch.load(base / "reference.pt", weights_only=False)
+            b = torch.load(base / "resumed.pt", weights_only=False)
+            same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]) and (
+                _equal_state(a["optimizer"], b["optimizer"], torch)
+            )
+            result = {
+                "bitwise_identical": same,
+                "import_seconds": round(import_s, 4),
+                "imported_files": len(imported.files),
+                "ok": same,
+                "pack_seconds": upload["seconds"],
+                "preempted_at_step": status["step"],
+                "restore_point": entry.url,
+                "signal_sent_after_step": target,
+                "snapshot_pause_seconds": snap["pause_s"],
+                "steps_total": total,
+            }
             if json_:
-                print_json(
-                    {
-                        "ok": True,
-                        "pack": packed.to_dict(),
-                        "verify": checked.to_dict(),
-                        "damaged_copy_refused": refused,
-                    }
+                print_json(result)
+            else:
+                typer.echo(
+                    f"preempted at step {status['step']} of {total} (SIGTERM after step "
+                    f"{target}; exit 42)\n"
+                    f"snapshot pause {snap['pause_s'] * 1000:.1f} ms, pack and publish "
+                    f"{upload['seconds'] * 1000:.1f} ms, import "
+                    f"{import_s * 1000:.1f} ms\n"
+                    f"restore point {entry.url}\n"
+                    f"final weights and optimizer state bitwise identical to the "
+                    f"uninterrupted run: {'yes' if same else 'NO'}"
                 )
-                return
-            typer.echo(
-                f"packed   {packed.files} files, {human_bytes(packed.bytes)} -> "
-                f"{human_bytes(packed.size)} in {packed.seconds:.2f} s: {url}"
-            )
-            typer.echo(f"verified {checked.files} files in {checked.seconds:.2f} s")
-            typer.echo(render(manifest))
-            typer.echo(f"a copy with one flipped byte is refused: {refused}")
+            if not same:
+                raise typer.Exit(1)
 
     run(json_, body)
+
+
+def _equal_state(a: Any, b: Any, torch: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and bool(torch.equal(a, b))
+    if isinstance(a, dict):
+        return (
+            isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(_equal_state(a[k], b[k], torch) for k in a)
+        )
+    if isinstance(a, (list, tuple)):
+        return (
+            isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(_equal_state(x, y, torch) for x, y in zip(a, b, strict=True))
+        )
+    return bool(a == b)

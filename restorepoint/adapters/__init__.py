@@ -1,0 +1,1 @@
+"""Adapters: drive real trainers to produce and consume restore points."""

@@ -1,0 +1,126 @@
+"""A small, real PyTorch trainer on the ResumableRun contract, for the demo and the tests.
+
+    python -m restorepoint.testing.trainer --root RUNS --out FINAL.pt [--store URL] [--epochs N]
+
+It trains an MLP with dropout, Adam, a step scheduler and gradient accumulation over a shuffled
+synthetic data set, on the CPU, deterministically (one thread). It prints ``step N`` after every
+committed effective batch, so that a test or the demo can send it a real signal at a chosen
+step; SIGTERM makes it snapshot and exit 42, SIGUSR1 makes it snapshot and train on. At the end
+it saves the final model and optimizer state to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..adapters.torch_run import ResumableRun
+
+__all__ = ["CONFIG", "main", "train"]
+
+CONFIG: dict[str, Any] = {
+    "model": {"hidden": 64, "dropout": 0.1, "inputs": 32},
+    "optimizer": {"lr": 0.01},
+    "scheduler": {"step_size": 20, "gamma": 0.9},
+    "data": {"samples": 1024, "batch_size": 16, "accumulate": 2, "seed": 1234},
+    "epochs": 3,
+    "seed": 7,
+    "train": {"checkpoint_every": 0},
+}
+OPERATIONAL = ["train.checkpoint_every", "epochs"]
+
+
+def dataset(config: dict[str, Any]) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(config["data"]["seed"])
+    x = torch.randn(config["data"]["samples"], config["model"]["inputs"], generator=g)
+    w = torch.randn(config["model"]["inputs"], 1, generator=g)
+    y = (x @ w + 0.1 * torch.randn(x.shape[0], 1, generator=g) > 0).float()
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def train(
+    root: Path,
+    out: Path,
+    *,
+    store: str | None = None,
+    epochs: int | None = None,
+    config: dict[str, Any] | None = None,
+    print_steps: bool = True,
+    step_delay: float = 0.0,
+) -> int:
+    """Run (or resume) training to the end; returns the number of steps trained here."""
+    config = json.loads(json.dumps(config or CONFIG))
+    if epochs is not None:
+        config["epochs"] = epochs
+    torch.set_num_threads(1)
+    data = dataset(config)
+    with ResumableRun(
+        config,
+        root=root,
+        store=store,
+        operational=OPERATIONAL,
+        snapshot_every="train.checkpoint_every",
+        trainer=("restorepoint-demo-mlp", "1"),
+    ) as run:
+        torch.manual_seed(run.seed)
+        m = config["model"]
+        model = torch.nn.Sequential(
+            torch.nn.Linear(m["inputs"], m["hidden"]),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(m["dropout"]),
+            torch.nn.Linear(m["hidden"], 1),
+        )
+        optimizer = torch.optim.Adam(model.parameters(), lr=config["optimizer"]["lr"])
+        scheduler = torch.optim.lr_scheduler.StepLR(
+            optimizer, config["scheduler"]["step_size"], config["scheduler"]["gamma"]
+        )
+        run.track(model=model, optimizer=optimizer, scheduler=scheduler)
+        start = run.resume().step
+        batch, accumulate = config["data"]["batch_size"], config["data"]["accumulate"]
+        for _epoch in run.epochs(config["epochs"]):
+            loader = run.dataloader(data, batch, accumulate)
+            for group in run.effective_batches(loader, accumulate):
+                for x, y in group:
+                    loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
+                    (loss / len(group)).backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
+                optimizer.zero_grad()
+                scheduler.step()
+                if step_delay:
+                    time.sleep(step_delay)
+                run.commit()
+                if print_steps:
+                    print(f"step {run.step}", flush=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, out)
+        return run.step - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, required=True, help="runs directory")
+    parser.add_argument("--out", type=Path, required=True, help="where the final state goes")
+    parser.add_argument("--store", help="store URL for restore points")
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--step-delay", type=float, default=0.0, help="seconds per step")
+    parser.add_argument("--quiet", action="store_true", help="do not print every step")
+    args = parser.parse_args(argv)
+    train(
+        args.root,
+        args.out,
+        store=args.store,
+        epochs=args.epochs,
+        print_steps=not args.quiet,
+        step_delay=args.step_delay,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

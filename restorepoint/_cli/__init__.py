@@ -10,6 +10,7 @@ import typer
 from .._version import __version__
 from ._common import EXIT_INTERRUPTED
 from ._trust import keygen_command
+from .adapters import adapters_command
 from .demo import demo_command
 from .import_ import check_command, import_command
 from .inspect import inspect_command
@@ -53,6 +54,7 @@ app.command("list")(list_command)
 app.command("latest")(latest_command)
 app.command("prune")(prune_command)
 app.command("keygen")(keygen_command)
+app.command("adapters")(adapters_command)
 app.command("demo")(demo_command)
 
 

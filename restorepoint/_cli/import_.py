@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ..adapters.base import load_adapter
+from ..errors import UsageError
 from ..ops import check, import_restore_point
-from ._common import human_bytes, print_json, progress_bar, run, show_progress
+from ._common import human_bytes, parse_pairs, print_json, progress_bar, run, show_progress
 from ._expect import (
     CacheRootOpt,
     ConfigOpt,
@@ -44,6 +49,20 @@ def import_command(
     trusted: TrustOpt = None,
     require_signature: RequireOpt = False,
     identity: IdentityOpt = None,
+    adapter: Annotated[
+        str | None,
+        typer.Option(help="Print the adapter's resume command (see `adapters`)."),
+    ] = None,
+    adapter_option: Annotated[
+        list[str] | None, typer.Option(help="An adapter option K=V (repeatable).")
+    ] = None,
+    exec_: Annotated[
+        bool, typer.Option("--exec", help="With --adapter: run the resume command.")
+    ] = False,
+    base: Annotated[
+        list[str] | None,
+        typer.Argument(help="After --: the trainer's command line, for the adapter to extend."),
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Check a restore point against the expectations, then verify and unpack it into DEST."""
@@ -51,6 +70,13 @@ def import_command(
     def body() -> None:
         expectations = build_expectations(expect, trainer, term, key, cache_root, config)
         require_some(expectations, check_keys)
+        if exec_ and adapter is None:
+            raise UsageError("--exec needs --adapter")
+        chosen = (
+            load_adapter(adapter, **parse_pairs(adapter_option, "--adapter-option"))
+            if adapter is not None
+            else None
+        )
         with progress_bar(show_progress(json_), "importing") as (on_start, advance):
             result = import_restore_point(
                 target(url, use_latest, run_id),
@@ -61,8 +87,18 @@ def import_command(
                 on_start=on_start,
                 trust=build_trust(trusted, require_signature, identity),
             )
+        command = None
+        if chosen is not None:
+            command = chosen.resume_command(Path(result.dest), result.manifest, base or [])
         if json_:
-            print_json(result.to_dict())
+            out = result.to_dict()
+            if command is not None:
+                out["resume_command"] = command
+            print_json(out)
+        if command is not None and exec_:
+            sys.stdout.flush()
+            raise typer.Exit(subprocess.call(command))
+        if json_:
             return
         pos = result.manifest.position
         where = f"step {pos.step}" + (f", epoch {pos.epoch}" if pos.epoch is not None else "")
@@ -71,6 +107,8 @@ def import_command(
             f"imported {where}: {len(result.files)} files, {human_bytes(result.bytes)} "
             f"verified into {result.dest} in {result.seconds:.2f} s"
         )
+        if command is not None:
+            typer.echo(shlex.join(command))
 
     run(json_, body)
 

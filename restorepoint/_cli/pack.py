@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..adapters.base import load_adapter
 from ..errors import RestorePointError, UsageError
 from ..format import Position
 from ..ops import load_config, pack
@@ -29,7 +30,10 @@ from ._common import (
 def pack_command(
     source: Annotated[Path, typer.Argument(help="Checkpoint directory or file.")],
     dest: Annotated[str, typer.Argument(help="URL of the restore point (path, s3://, gs://).")],
-    step: Annotated[int, typer.Option(min=0, help="Global training step of the checkpoint.")],
+    step: Annotated[
+        int | None,
+        typer.Option(min=0, help="Global training step of the checkpoint (or from --adapter)."),
+    ] = None,
     epoch: Annotated[int | None, typer.Option(min=0, help="Epoch of the position.")] = None,
     batch: Annotated[
         int | None,
@@ -69,6 +73,13 @@ def pack_command(
             "--encrypt-to", help="Encrypt the payload to this X25519 public key (repeatable)."
         ),
     ] = None,
+    adapter: Annotated[
+        str | None,
+        typer.Option(help="Fill trainer, step and payload from this adapter (see `adapters`)."),
+    ] = None,
+    adapter_option: Annotated[
+        list[str] | None, typer.Option(help="An adapter option K=V (repeatable).")
+    ] = None,
     handoff: Annotated[
         Path | None,
         typer.Option(help="Also write a handoff file (JSON) for `import --expect` elsewhere."),
@@ -80,16 +91,37 @@ def pack_command(
     def body() -> None:
         if batch is not None and epoch is None:
             raise UsageError("--batch needs --epoch")
-        position = Position(step=step, epoch=epoch, batch=batch)
+        trainer_pair = parse_trainer(trainer)
+        terms = parse_pairs(term, "--term")
+        include = None
+        source_dir = source
+        if adapter is not None:
+            chosen = load_adapter(adapter, **parse_pairs(adapter_option, "--adapter-option"))
+            snap = chosen.newest_snapshot(source)
+            if snap is None:
+                raise UsageError(f"{source}: the {adapter} adapter finds no committed snapshot")
+            info = chosen.trainer()
+            trainer_pair = trainer_pair or (info.name, info.version)
+            terms = {**info.terms, **terms}
+            source_dir, include = snap.root, list(snap.files)
+            if step is None:
+                position = snap.position
+            else:
+                position = Position(step=step, epoch=epoch, batch=batch)
+        elif step is None:
+            raise UsageError("--step is required (or --adapter, which knows the step)")
+        else:
+            position = Position(step=step, epoch=epoch, batch=batch)
         if keep_last is not None and not is_store_url(dest):
             raise UsageError("--keep-last needs a store DEST (a URL ending in /)")
         with progress_bar(show_progress(json_), "packing") as (on_start, advance):
             result = pack(
-                source,
+                source_dir,
                 dest,
                 position=position,
-                trainer=parse_trainer(trainer),
-                terms=parse_pairs(term, "--term"),
+                trainer=trainer_pair,
+                terms=terms,
+                include=include,
                 config=load_config(config) if config is not None else None,
                 operational_keys=operational or [],
                 cache_keys=parse_pairs(key, "--key"),

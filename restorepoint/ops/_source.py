@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import MalformedManifest, NotFound, SourceError
@@ -20,10 +21,11 @@ class SourceFile:
     size: int
 
 
-def list_source(source: str) -> list[SourceFile]:
+def list_source(source: str, include: Sequence[str] | None = None) -> list[SourceFile]:
     """Every regular file under ``source`` in payload order. Symbolic links are followed only
     when they lead to a regular file inside the source; anything else that is not a regular
-    file (a link out of the source, a FIFO, a device, a socket) is refused."""
+    file (a link out of the source, a FIFO, a device, a socket) is refused. ``include``, when
+    given, keeps only those payload paths (an adapter's snapshot files)."""
     try:
         st = os.stat(source)
     except FileNotFoundError:
@@ -36,6 +38,12 @@ def list_source(source: str) -> list[SourceFile]:
         files = _walk(source)
     else:
         raise SourceError("the source is neither a regular file nor a directory", url=source)
+    if include is not None:
+        wanted = set(include)
+        files = [f for f in files if f.path in wanted]
+        missing = wanted - {f.path for f in files}
+        if missing:
+            raise SourceError(f"not in the source: {', '.join(sorted(missing))}", url=source)
     files.sort(key=lambda f: f.path.encode("utf-8", errors="surrogateescape"))
     try:
         check_paths(f.path for f in files)

@@ -198,6 +198,7 @@ def pack(
     into_store: bool | None = None,
     sign: Sequence[Ed25519PrivateKey] = (),
     encrypt_to: Sequence[PublicKey] = (),
+    include: Sequence[str] | None = None,
 ) -> PackResult:
     """Pack ``source`` (a directory or one file) into a restore point published at ``dest``.
 
@@ -230,7 +231,7 @@ def pack(
         codec = NoneCodec() if not level else ZstdCodec(level)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    files = list_source(os.fspath(source))
+    files = list_source(os.fspath(source), include)
     total = sum(f.size for f in files)
     if on_start is not None:
         on_start(total)

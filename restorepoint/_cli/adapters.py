@@ -1,0 +1,27 @@
+"""restorepoint adapters"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..adapters.base import available_adapters
+from ._common import print_json, run
+
+
+def adapters_command(
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The installed trainer adapters (entry-point group restorepoint.adapters)."""
+
+    def body() -> None:
+        infos = available_adapters()
+        if json_:
+            print_json({"adapters": [i.to_dict() for i in infos], "ok": True})
+            return
+        for info in infos:
+            state = "" if info.available else f"  (unavailable: {info.problem})"
+            typer.echo(f"{info.name:<10} {info.description}{state}")
+
+    run(json_, body)

@@ -9,6 +9,7 @@ import typer
 from ..errors import UsageError
 from ..ops.store import DEFAULT_GRACE_S, latest, list_store, prune
 from ._common import human_bytes, print_json, run
+from ._trust import IdentityOpt, TrustOpt, build_trust
 
 RunOpt = Annotated[str | None, typer.Option("--run", help="Only this run's restore points.")]
 LatestOpt = Annotated[
@@ -55,13 +56,17 @@ def latest_command(
     verify_it: Annotated[
         bool, typer.Option("--verify", help="The newest restore point that verifies.")
     ] = False,
+    trusted: TrustOpt = None,
+    identity: IdentityOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The URL of the newest complete restore point (of --run); with --verify, the newest
     that verifies end to end."""
 
     def body() -> None:
-        entry = latest(store, run=run_id, verify_it=verify_it)
+        entry = latest(
+            store, run=run_id, verify_it=verify_it, trust=build_trust(trusted, False, identity)
+        )
         if json_:
             print_json({"ok": True, **entry.to_dict()})
         else:
@@ -93,6 +98,8 @@ def prune_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would go and why the rest stays.")
     ] = False,
+    trusted: TrustOpt = None,
+    identity: IdentityOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Delete the restore points no retention rule keeps (never a run's newest, nor the
@@ -107,6 +114,7 @@ def prune_command(
             run=run_id,
             dry_run=dry_run,
             grace=grace,
+            trust=build_trust(trusted, False, identity),
         )
         if json_:
             print_json(report.to_dict())

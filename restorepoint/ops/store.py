@@ -28,6 +28,7 @@ from ..storage import Location, ObjectInfo, is_partial_name, resolve
 from ._naming import NAME_PATTERN as _NAME
 from ._naming import RUN_PATTERN as _RUN
 from ._naming import entry_name, is_store_url
+from ._open import NO_TRUST, Trust
 from .pack import PackResult, pack
 from .verify import verify
 
@@ -152,6 +153,7 @@ def latest(
     run: str | None = None,
     verify_it: bool = False,
     storage_options: dict[str, Any] | None = None,
+    trust: Trust = NO_TRUST,
 ) -> StoreEntry:
     """The newest restore point of ``run`` (or of the store's only run); with ``verify_it``,
     the newest that verifies end to end. NotFound when there is none. With several runs in the
@@ -172,7 +174,7 @@ def latest(
     for entry in candidates:
         try:
             if verify_it:
-                _verify_entry(location.join(entry.name), entry)
+                _verify_entry(location.join(entry.name), entry, trust)
             else:
                 _check_name(location.join(entry.name), entry)
         except IntegrityError:
@@ -193,9 +195,9 @@ def _check_name(location: Location, entry: StoreEntry) -> None:
     _same(head, location, entry)
 
 
-def _verify_entry(location: Location, entry: StoreEntry) -> None:
+def _verify_entry(location: Location, entry: StoreEntry, trust: Trust = NO_TRUST) -> None:
     """Verify end to end, and that the head says what the name says."""
-    _same(verify(location).manifest, location, entry)
+    _same(verify(location, trust=trust).manifest, location, entry)
 
 
 def _same(head: Manifest, location: Location, entry: StoreEntry) -> None:
@@ -360,6 +362,7 @@ def prune(
     storage_options: dict[str, Any] | None = None,
     now: float | None = None,
     protect: Iterable[str] = (),
+    trust: Trust = NO_TRUST,
 ) -> PruneReport:
     """Apply the retention rules to each run (or to ``run`` only) and clean leftovers of
     interrupted uploads older than ``grace``. See the module docstring for what is never
@@ -384,7 +387,7 @@ def prune(
                 keep_last=keep_last,
                 keep_every=keep_every,
                 keep_within=within,
-                verify_entry=_verify_entry,
+                verify_entry=lambda loc, entry: _verify_entry(loc, entry, trust),
                 protect=set(protect),
             )
             for name, entries in sorted(runs.items())

@@ -1,8 +1,9 @@
 """The manifest JSON Schema against real restore points and planted faults, and the spec's tables
-(error classes, limits) against the code."""
+(error classes, limits) and byte-exact strings (signing, encryption) against the code."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
@@ -13,13 +14,37 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
 import restorepoint
 from restorepoint import Position, errors
-from restorepoint.format import Manifest, config_identity, limits
+from restorepoint.format import Manifest, canonical_dumps, config_identity, limits
+from restorepoint.format.manifest import ENCRYPTION_SCHEMES, KNOWN_FEATURES
 from restorepoint.testing.forge import Parts, assemble, sample_head
+from restorepoint.trust import (
+    FEATURE,
+    PAYLOAD_TYPE,
+    SCHEME,
+    PublicKey,
+    StreamCipher,
+    check_block,
+    generate,
+    key_id,
+    load_public,
+    load_signing_key,
+    open_file_key,
+    pae,
+    raw_public,
+    recipients_for,
+    signature_block,
+    statement,
+)
 
 SPEC_DIR = Path(__file__).resolve().parents[2] / "spec"
 SCHEMA_NAME = "manifest.schema.json"
@@ -46,7 +71,7 @@ def validators(schema: dict[str, Any]) -> dict[str, Draft202012Validator]:
     of the schema would reach them, so the $defs must stand on their own."""
     registry: Registry[Any] = Registry().with_resource(SCHEMA_NAME, Resource.from_contents(schema))
     out = {"manifest": Draft202012Validator(schema, registry=registry)}
-    for kind in ("head", "index"):
+    for kind in ("head", "index", "signature_block", "statement"):
         wrapper = {"$ref": f"{SCHEMA_NAME}#/$defs/{kind}"}
         out[kind] = Draft202012Validator(wrapper, registry=registry)
     return out
@@ -110,28 +135,60 @@ def _one_file(tmp: Path) -> tuple[Path, dict[str, Any]]:
     return tmp / "weights.safetensors", {"position": 99, "level": 0, "trainer": ("t", "")}
 
 
+def _keys(tmp: Path) -> tuple[Ed25519PrivateKey, list[PublicKey]]:
+    """A signing key and two recipients, generated as `restorepoint keygen` does."""
+    (tmp / "keys").mkdir()
+    signer, _ = generate(tmp / "keys" / "signer", "signing")
+    recipients = [generate(tmp / "keys" / name, "encryption")[1] for name in ("alice", "bob")]
+    return load_signing_key(signer), [load_public(p, "encryption") for p in recipients]
+
+
+def _encrypted_signed(tmp: Path) -> tuple[Path, dict[str, Any]]:
+    source, options = _full(tmp)
+    (source / "empty.bin").write_bytes(b"")
+    signer, recipients = _keys(tmp)
+    return source, options | {"sign": [signer], "encrypt_to": recipients}
+
+
+def _encrypted_store_only(tmp: Path) -> tuple[Path, dict[str, Any]]:
+    source, options = _nested(tmp)
+    _, recipients = _keys(tmp)
+    return source, options | {"level": None, "encrypt_to": recipients[:1]}
+
+
 SOURCES: dict[str, Callable[[Path], tuple[Path, dict[str, Any]]]] = {
     "plain-store-only": _plain,
     "config-trainer-epoch-batch-zstd": _full,
     "nested-paths-empty-file": _nested,
     "empty-directory": _empty_dir,
     "single-file": _one_file,
+    "encrypted-signed-zstd-two-recipients": _encrypted_signed,
+    "encrypted-store-only": _encrypted_store_only,
 }
 
 
-def raw_documents(data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The head and index documents, sliced out of an object by the spec's byte layout."""
+def raw_parts(data: bytes) -> tuple[dict[str, Any], dict[str, Any], bytes | None]:
+    """The head, the index and the signature block (None: unsigned), sliced out of an object by
+    the spec's byte layout: S = I + L + G + 64."""
     magic, major, _minor, head_length = struct.unpack_from("<8sHHI", data, 0)
     assert magic == b"\x89RPT\r\n\x1a\n"
     assert major == 1
     head_bytes = data[16 : 16 + head_length]
     assert data[16 + head_length : 48 + head_length] == hashlib.sha256(head_bytes).digest()
-    index_offset, index_length, index_sha, reserved, end = struct.unpack("<QQ32sQ8s", data[-64:])
-    assert (reserved, end) == (0, b"\x1aRPTEND\n")
-    assert index_offset + index_length == len(data) - 64
+    index_offset, index_length, index_sha, sig_length, end = struct.unpack("<QQ32sQ8s", data[-64:])
+    assert end == b"\x1aRPTEND\n"
+    assert sig_length <= limits.MAX_SIGNATURE_BYTES
+    assert index_offset + index_length + sig_length == len(data) - 64
     index_bytes = data[index_offset : index_offset + index_length]
     assert hashlib.sha256(index_bytes).digest() == index_sha
-    return json.loads(head_bytes), json.loads(index_bytes)
+    block = data[index_offset + index_length : len(data) - 64] if sig_length else None
+    return json.loads(head_bytes), json.loads(index_bytes), block
+
+
+def raw_documents(data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The head and index documents, sliced out of an object by the spec's byte layout."""
+    head, index, _ = raw_parts(data)
+    return head, index
 
 
 @pytest.fixture(params=sorted(SOURCES))
@@ -174,12 +231,30 @@ def test_raw_head_and_index_validate_alone(
     assert errors_of(validators["manifest"], head)
 
 
-def test_packed_sources_cover_what_they_claim(packed: tuple[Manifest, Path]) -> None:
+def test_packed_sources_cover_what_they_claim(
+    packed: tuple[Manifest, Path], request: pytest.FixtureRequest
+) -> None:
     """The parametrisation is only worth something if the cases differ as named."""
-    manifest, _ = packed
+    name = request.node.callspec.params["packed"]
+    manifest, dest = packed
     payload = manifest.to_dict()["payload"]
     codecs = {e["codec"]["name"] for e in payload}
     assert codecs <= {"none", "zstd"}
+    # Encryption and its required feature go together (spec section 4), in what pack writes.
+    encrypted = manifest.encryption is not None
+    assert encrypted == name.startswith("encrypted")
+    assert manifest.required_features == (("encryption/1",) if encrypted else ())
+    if encrypted:
+        assert manifest.chunk_overhead == 16
+        assert manifest.encryption is not None
+        assert len(manifest.encryption["recipients"]) in (1, 2)
+        for entry in payload:
+            n = -(-entry["size"] // manifest.chunk_size)
+            if entry["codec"]["name"] == "none":
+                # Section 5: a `none` region is exactly size + (4 + E) * n.
+                assert entry["stored_size"] == entry["size"] + 20 * n
+    _, _, block = raw_parts(dest.read_bytes())
+    assert (block is not None) == ("-signed" in name)
     if manifest.config is not None:
         assert manifest.config_identity == config_identity(
             manifest.config, manifest.operational_keys
@@ -206,9 +281,30 @@ def _head(**changes: Any) -> dict[str, Any]:
     return sample_head(**changes)
 
 
-def _without(path: tuple[str, ...]) -> dict[str, Any]:
-    head = sample_head()
-    node = head
+# The fixed keys of the spec's examples (sections 20 to 22).
+SEED_SIGNER = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+RECIPIENT = X25519PrivateKey.from_private_bytes(b"\x22" * 32)
+EPHEMERAL = X25519PrivateKey.from_private_bytes(b"\x33" * 32)
+FILE_KEY = b"\x44" * 32
+
+
+def encryption_object() -> dict[str, Any]:
+    """The spec's example encryption object: one stanza, deterministic."""
+    recipient = PublicKey("encryption", raw_public(RECIPIENT))
+    _, encryption = recipients_for([recipient], file_key=FILE_KEY, ephemerals=[EPHEMERAL])
+    return encryption
+
+
+def _encrypted(**stanza_changes: Any) -> dict[str, Any]:
+    """A head with the example encryption; ``stanza_changes`` edit its one stanza."""
+    encryption = encryption_object()
+    encryption["recipients"][0].update(stanza_changes)
+    return _head(encryption=encryption, required_features=["encryption/1"])
+
+
+def _without(path: tuple[str | int, ...]) -> dict[str, Any]:
+    head = _encrypted() if path[0] == "encryption" else sample_head()
+    node: Any = head
     for part in path[:-1]:
         node = node[part]
     del node[path[-1]]
@@ -233,6 +329,18 @@ HEAD_FAULTS: dict[str, dict[str, Any]] = {
     "empty operational segment": _head(operational_keys=["train..every"]),
     "repeated operational key": _head(operational_keys=["a", "a"]),
     "missing producer": _without(("producer",)),
+    "encryption without its feature": _head(encryption=encryption_object()),
+    "feature without encryption": _head(required_features=["encryption/1"]),
+    "encryption not an object": _head(encryption="x25519", required_features=["encryption/1"]),
+    "unknown encryption scheme": _head(
+        encryption=encryption_object() | {"scheme": "rot13/1"}, required_features=["encryption/1"]
+    ),
+    "no recipients": _head(
+        encryption=encryption_object() | {"recipients": []}, required_features=["encryption/1"]
+    ),
+    "recipient of another type": _encrypted(type="RSA"),
+    "recipient without ephemeral": _without(("encryption", "recipients", 0, "ephemeral")),
+    "wrapped key not a string": _encrypted(wrapped_key=12),
 }
 
 
@@ -244,6 +352,16 @@ def test_head_faults_fail_the_schema_and_the_reader(
     assert errors_of(validators["head"], head), name
     with pytest.raises(errors.IntegrityError):
         Manifest.from_head_dict(head)
+
+
+def test_an_encrypted_head_passes_both(validators: dict[str, Draft202012Validator]) -> None:
+    """The baseline of the encryption faults: valid, and unknown stanza members are ignored."""
+    head = _encrypted()
+    assert errors_of(validators["head"], head) == []
+    assert Manifest.from_head_dict(head).chunk_overhead == ENCRYPTION_SCHEMES[SCHEME] == 16
+    extended = _encrypted(comment="from the future")
+    assert errors_of(validators["head"], extended) == []
+    Manifest.from_head_dict(extended)
 
 
 def _index(mutate: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -338,6 +456,122 @@ def test_full_manifest_faults_fail(validators: dict[str, Draft202012Validator]) 
         assert errors_of(validators["manifest"], bad)
 
 
+# -- the signature block and the statement --------------------------------------------------
+
+HEAD_SHA = "e9dc7387202df8f83c3986a1a11bd7ad249d307dd5c1d208190a77c71e77fec4"
+INDEX_SHA = "7524046a7b4b15e2b93c993a9b7ed0e1b9cf0fff2bdf1208eab94a2e20218689"
+EXAMPLE_ID = "0123456789abcdef0123456789abcdef"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_a_packed_signature_block_and_its_statement_validate(
+    tmp_path: Path, validators: dict[str, Draft202012Validator]
+) -> None:
+    write_tree(tmp_path / "src", {"model.pt": b"m" * 1000})
+    keys = [load_signing_key(generate(tmp_path / name, "signing")[0]) for name in ("a", "b")]
+    dest = tmp_path / "signed.rp"
+    restorepoint.pack(tmp_path / "src", str(dest), position=1, sign=keys, threads=1)
+    data = dest.read_bytes()
+    _, _, block = raw_parts(data)
+    assert block is not None
+    doc = json.loads(block)
+    assert errors_of(validators["signature_block"], doc) == []
+    assert [s["keyid"] for s in doc["signatures"]] == [key_id(raw_public(k)) for k in keys]
+    body = base64.b64decode(doc["statement"])
+    assert errors_of(validators["statement"], json.loads(body)) == []
+    head_length = struct.unpack_from("<I", data, 12)[0]
+    head_sha = hashlib.sha256(data[16 : 16 + head_length]).hexdigest()
+    index_sha = struct.unpack_from("<32s", data, len(data) - 48)[0].hex()
+    assert body == statement(json.loads(body)["id"], head_sha, index_sha)
+    check = check_block(block, head_sha256=head_sha, index_sha256=index_sha)
+    assert check.signed_by == tuple(s["keyid"] for s in doc["signatures"])
+
+
+def _block(mutate: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The example signature block as data, with one change; signatures are not recomputed."""
+    doc: dict[str, Any] = json.loads(
+        signature_block(statement(EXAMPLE_ID, HEAD_SHA, INDEX_SHA), [SEED_SIGNER])
+    )
+    mutate(doc)
+    return doc
+
+
+def _resigned(changes: dict[str, Any]) -> dict[str, Any]:
+    """A block whose statement is changed and then signed: a valid signature over the wrong
+    statement, so that the statement is the one fault."""
+    body = canonical_dumps(
+        {"format": "restorepoint/1", "head_sha256": HEAD_SHA, "id": EXAMPLE_ID}
+        | {"index_sha256": INDEX_SHA}
+        | changes
+    )
+    parsed: dict[str, Any] = json.loads(signature_block(body, [SEED_SIGNER]))
+    return parsed
+
+
+BLOCK_FAULTS: dict[str, dict[str, Any]] = {
+    "wrong payload type": _block(lambda d: d.update(payload_type="application/json")),
+    "no signatures": _block(lambda d: d.update(signatures=[])),
+    "signatures not an array": _block(lambda d: d.update(signatures={})),
+    "public key not 32 bytes": _block(
+        lambda d: d["signatures"][0].update(public_key=_b64(b"k" * 31))
+    ),
+    "signature not 64 bytes": _block(lambda d: d["signatures"][0].update(sig=_b64(b"s" * 63))),
+    "statement not base64": _block(lambda d: d.update(statement="not base64!")),
+    # Padding bits that are not zero: the same bytes, spelt another way (RFC 4648, 3.5).
+    "public key not canonical base64": _block(
+        lambda d: d["signatures"][0].update(public_key=d["signatures"][0]["public_key"][:42] + "h=")
+    ),
+    "statement with another format": _resigned({"format": "restorepoint/2"}),
+    "statement with an extra member": _resigned({"signed_at": "2026-01-01"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCK_FAULTS))
+def test_signature_block_faults_fail_the_schema_and_the_reader(
+    name: str, validators: dict[str, Draft202012Validator]
+) -> None:
+    doc = BLOCK_FAULTS[name]
+    failed = errors_of(validators["signature_block"], doc)
+    if not failed:
+        body = json.loads(base64.b64decode(doc["statement"], validate=True))
+        failed = errors_of(validators["statement"], body)
+    assert failed, name
+    block = canonical_dumps(doc)
+    with pytest.raises(errors.SignatureError):
+        check_block(block, head_sha256=HEAD_SHA, index_sha256=INDEX_SHA)
+
+
+def test_a_statement_with_a_bad_id_fails_the_schema_and_the_id_check(
+    validators: dict[str, Draft202012Validator],
+) -> None:
+    """The id is compared with the head's only after R4 (spec section 21, step 7): the block
+    check reports the id it names, and the reader refuses it there (tests/trust cover that)."""
+    doc = _resigned({"id": "not-hex"})
+    body = json.loads(base64.b64decode(doc["statement"]))
+    assert errors_of(validators["statement"], body)
+    check = check_block(canonical_dumps(doc), head_sha256=HEAD_SHA, index_sha256=INDEX_SHA)
+    assert check.rp_id == "not-hex" != EXAMPLE_ID
+
+
+def test_the_baseline_block_passes_both(validators: dict[str, Draft202012Validator]) -> None:
+    doc = _block(lambda d: None)
+    assert errors_of(validators["signature_block"], doc) == []
+    body = base64.b64decode(doc["statement"])
+    assert errors_of(validators["statement"], json.loads(body)) == []
+    check = check_block(
+        canonical_dumps(doc),
+        head_sha256=HEAD_SHA,
+        index_sha256=INDEX_SHA,
+        trusted=[raw_public(SEED_SIGNER)],
+        require=True,
+    )
+    assert check.rp_id == EXAMPLE_ID
+    assert check.trusted_by == (key_id(raw_public(SEED_SIGNER)),)
+
+
 # -- the spec's tables against the code -------------------------------------------------------
 
 
@@ -362,7 +596,7 @@ def test_error_table_lists_every_class_with_its_exit_code() -> None:
     table = {row[0].strip("`"): row for row in rows}
     helpers = {"EXIT_CODES", "at_url", "error_class"}
     classes = [name for name in errors.__all__ if name not in helpers]
-    assert len(classes) == 23
+    assert len(classes) == 25
     assert sorted(table) == sorted(classes)
     for name in classes:
         cls = getattr(errors, name)
@@ -408,6 +642,12 @@ def test_schema_constants_equal_the_code(schema: dict[str, Any]) -> None:
     assert chunk_sizes[0] == limits.CHUNK_SIZE_MIN
     assert chunk_sizes[-1] == limits.CHUNK_SIZE_MAX
     assert defs["path"]["maxLength"] == limits.MAX_PATH_BYTES
+    features = defs["head"]["properties"]["required_features"]["items"]["enum"]
+    assert features == sorted(KNOWN_FEATURES) == [FEATURE]
+    assert [defs["encryption"]["properties"]["scheme"]["const"]] == sorted(ENCRYPTION_SCHEMES)
+    assert defs["encryption"]["properties"]["scheme"]["const"] == SCHEME
+    assert defs["signature_block"]["properties"]["payload_type"]["const"] == PAYLOAD_TYPE
+    assert defs["statement"]["properties"]["format"]["const"] == "restorepoint/1"
 
 
 def test_spec_byte_values_and_identity_examples_equal_the_code() -> None:
@@ -417,6 +657,9 @@ def test_spec_byte_values_and_identity_examples_equal_the_code() -> None:
     layout = section(text, "Byte layout")
     assert " ".join(f"{b:02X}" for b in _layout.MAGIC) in layout
     assert " ".join(f"{b:02X}" for b in _layout.END_MAGIC) in layout
+    assert "| `S - 16` | 8 | signature_length | u64 LE |" in layout
+    assert "`S = I + L + G + 64`" in layout
+    assert _layout.FOOTER.format == "<QQ32sQ8s"
     assert limits.zstd_bound(1 << 26) == 67371008
     assert "67371008" in section(text, "Limits")
     identity = section(text, "Config identity")
@@ -498,3 +741,137 @@ def test_schema_visible_vector_faults_fail_the_schema(
             index_offset, index_length = struct.unpack_from("<QQ", data, len(data) - 64)
             doc = json.loads(data[index_offset : index_offset + index_length])
         assert errors_of(validators[document], doc), name
+
+
+# -- the byte-exact strings of sections 20 to 22, reproduced from the spec's words ----------
+
+
+def _spec_hkdf(secret: bytes, salt: bytes | None, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(secret)
+
+
+def test_spec_signing_reproduces_the_code() -> None:
+    text = spec_text()
+    keys_section = section(text, "Keys")
+    signing = section(text, "Signing")
+    raw = raw_public(SEED_SIGNER)
+    assert raw.hex() in keys_section
+    assert key_id(raw) == hashlib.sha256(raw).hexdigest()[:16]
+    assert f"`{key_id(raw)}`" in keys_section
+    # The example digests are those of the example object of sections 4.2 and 5.
+    assert HEAD_SHA in section(text, "The head")
+    assert INDEX_SHA in section(text, "The index")
+    body = statement(EXAMPLE_ID, HEAD_SHA, INDEX_SHA)
+    assert body == canonical_dumps(
+        {"format": "restorepoint/1", "head_sha256": HEAD_SHA, "id": EXAMPLE_ID}
+        | {"index_sha256": INDEX_SHA}
+    )
+    assert f"\n    {body.decode()}\n" in signing
+    assert f"of the example object (sections 4.2 and 5), {len(body)} bytes" in signing
+    assert f"`{PAYLOAD_TYPE}`" in signing
+    assert f"the {len(PAYLOAD_TYPE.encode())}-byte string" in signing
+    # DSSE's PAE, built from the spec's formula.
+    spec_pae = b" ".join(
+        [b"DSSEv1", b"%d" % len(PAYLOAD_TYPE), PAYLOAD_TYPE.encode(), b"%d" % len(body), body]
+    )
+    assert pae(PAYLOAD_TYPE, body) == spec_pae
+    assert f"the {len(spec_pae)} bytes signed are" in signing
+    shown = spec_pae[: spec_pae.index(b"{") + len('{"format":"restorepoint/1",')].decode()
+    assert f"\n    {shown}...}}\n" in signing
+    # The example block, byte for byte (Ed25519 is deterministic).
+    block = signature_block(body, [SEED_SIGNER])
+    assert f"\n    {block.decode()}\n" in signing
+    assert f"`G = {len(block)}`" in signing
+    assert f"| `MAX_SIGNATURE_BYTES` | {limits.MAX_SIGNATURE_BYTES} (64 KiB) | signature block" in (
+        section(text, "Limits")
+    )
+    assert f"{len(block)} bytes with one signature" in section(text, "Limits")
+
+
+def test_spec_encryption_reproduces_the_code() -> None:
+    """An independent implementation of section 22, from the strings the spec gives, agrees
+    with restorepoint.trust byte for byte."""
+    text = section(spec_text(), "Encryption")
+    wrap_info = b"restorepoint/1 x25519 file key"
+    wrap_aad = b"restorepoint/1 wrapped file key"
+    entry_info = b"restorepoint/1 payload key"
+    chunk_aad = b"restorepoint/1 chunk"
+    assert f'info = "{wrap_info.decode()}"' in text
+    assert f'aad = "{wrap_aad.decode()}")` (the aad is those {len(wrap_aad)} ASCII bytes)' in text
+    assert f"the info string its {len(wrap_info)} ASCII bytes" in text
+    assert f'info = "{entry_info.decode()}" || 0x00 || UTF-8(p)' in text
+    assert f"the {len(chunk_aad) + 1} bytes `{chunk_aad.decode()}` and `0x00`" in text
+    assert f"`{SCHEME}`" in text
+    assert f"`{FEATURE}`" in text
+
+    # The wrap of the example, then unwrapped by the code.
+    eph_raw = raw_public(EPHEMERAL)
+    recipient_raw = raw_public(RECIPIENT)
+    shared = EPHEMERAL.exchange(X25519PublicKey.from_public_bytes(recipient_raw))
+    wrap_key = _spec_hkdf(shared, eph_raw + recipient_raw, wrap_info)
+    wrapped = AESGCM(wrap_key).encrypt(b"\x00" * 12, FILE_KEY, wrap_aad)
+    expected = {
+        "recipients": [
+            {
+                "ephemeral": _b64(eph_raw),
+                "keyid": key_id(recipient_raw),
+                "type": "X25519",
+                "wrapped_key": _b64(wrapped),
+            }
+        ],
+        "scheme": SCHEME,
+    }
+    assert encryption_object() == expected
+    assert f"\n    {canonical_dumps(expected).decode()}\n" in text
+    assert recipient_raw.hex() in text
+    assert f"`{key_id(recipient_raw)}`" in text
+    assert open_file_key(expected, RECIPIENT) == FILE_KEY
+
+    # A chunk sealed by the spec's words equals the code's, and the code opens it.
+    cipher = StreamCipher(FILE_KEY, EXAMPLE_ID)
+    entry_key = _spec_hkdf(FILE_KEY, None, entry_info + b"\x00" + "données/é.bin".encode())
+    for index, last, nonce_text in (
+        (0, False, "`00 00 00 00 00 00 00 00 00 00 00 00`"),
+        (1, True, "`00 00 00 00 00 00 00 00 00 00 01 01`"),
+    ):
+        nonce = index.to_bytes(11, "big") + (b"\x01" if last else b"\x00")
+        assert nonce_text == "`" + " ".join(f"{b:02x}" for b in nonce) + "`"
+        assert nonce_text in text
+        aad = (
+            chunk_aad
+            + b"\x00"
+            + canonical_dumps(
+                {"entries": 3, "entry": 1, "id": EXAMPLE_ID, "path": "données/é.bin", "size": 70000}
+            )
+        )
+        sealed = AESGCM(entry_key).encrypt(nonce, b"plain chunk", aad)
+        assert len(sealed) == len(b"plain chunk") + 16
+        assert cipher.seal("données/é.bin", 70000, 1, 3, index, last, b"plain chunk") == sealed
+        assert cipher.open("données/é.bin", 70000, 1, 3, index, last, sealed) == b"plain chunk"
+    example_aad = canonical_dumps(
+        {"entries": 3, "entry": 0, "id": EXAMPLE_ID, "path": "model.pt", "size": 102400}
+    )
+    assert f"`{chunk_aad.decode()}`, `00`, then\n\n    {example_aad.decode()}\n" in text
+
+
+def test_trust_vectors_validate(validators: dict[str, Draft202012Validator]) -> None:
+    """The signed and encrypted vectors: their faults lie in signatures and ciphertext, never in
+    the head or index, which validate; a valid vector's signature block validates too."""
+    if not (VECTORS / "trust" / "index.json").is_file():
+        pytest.skip("spec/vectors/trust/index.json is not there")
+    vectors = json.loads((VECTORS / "trust" / "index.json").read_text("utf-8"))
+    assert any(v["valid"] for v in vectors)
+    kinds = set()
+    for vector in vectors:
+        head, index, block = raw_parts((VECTORS / vector["file"]).read_bytes())
+        assert errors_of(validators["head"], head) == [], vector["name"]
+        assert errors_of(validators["index"], index) == [], vector["name"]
+        if head["encryption"] is not None:
+            kinds.add("encrypted")
+        if vector["valid"] and block is not None:
+            kinds.add("signed")
+            doc = json.loads(block)
+            assert errors_of(validators["signature_block"], doc) == [], vector["name"]
+            body = json.loads(base64.b64decode(doc["statement"]))
+            assert errors_of(validators["statement"], body) == [], vector["name"]
+    assert kinds == {"encrypted", "signed"}

@@ -668,3 +668,27 @@ def test_pack_keep_last_never_deletes_what_it_just_published(source: Path, store
     assert kept[name_of(result)] == ["just published"]
     assert "newest" in kept[name_of(newer)]
     assert names(list_store(str(store))) == [name_of(newer), name_of(result)]
+
+
+def test_prune_of_encrypted_restore_points_verifies_with_the_identity(
+    source: Path, store: Path, tmp_path: Path
+) -> None:
+    from restorepoint import trust
+
+    trust.generate(tmp_path / "id.key", "encryption")
+    recipient = trust.load_public(tmp_path / "id.key.pub", "encryption")
+    identity = trust.load_identity(tmp_path / "id.key")
+    made = [
+        publish(source, store, "r", step, at=step, encrypt_to=[recipient]) for step in (1, 2, 3)
+    ]
+    # Without the key nothing verifies, so nothing may go.
+    report = prune(str(store), keep_last=1)
+    assert report.deleted == []
+    assert len(report.runs[0].unverified) == 3
+    with pytest.raises(NotFound):
+        latest(str(store), verify_it=True)
+    # With it, the newest verifies and the rule applies.
+    policy = restorepoint.Trust(identity=identity)
+    assert latest(str(store), verify_it=True, trust=policy).url == made[2].url
+    report = prune(str(store), keep_last=1, trust=policy)
+    assert sorted(report.deleted) == sorted(r.url for r in made[:2])

@@ -1,22 +1,28 @@
 """Golden vectors for restore-point format v1: a few valid objects and many broken ones, each
-broken one with exactly one fault; and gate vectors: expectation files (handoff JSON) under gate/
-for valid objects, each with the import gate's decision.
+broken one with exactly one fault; gate vectors: expectation files (handoff JSON) under gate/
+for valid objects, each with the import gate's decision; and trust vectors under trust/: signed
+and encrypted objects, valid or with one fault each, read with the fixed test keys of trust/keys/.
 
-    python spec/vectors/generate.py           write the .rp files, gate/*.json and index.json
+    python spec/vectors/generate.py           write the .rp files, gate/*.json, trust/ and the
+                                              index files
     python spec/vectors/generate.py --check   regenerate in memory, compare byte for byte with the
-                                              committed files, run the reader on every vector and
-                                              the gate on every gate vector
+                                              committed files, run the reader on every vector, the
+                                              gate on every gate vector, and the reader with the
+                                              recorded trust options on every trust vector
 
 Every object is built with ``restorepoint.testing.forge``: it recomputes each digest, offset and
 length that a vector does not override, so the planted fault is the only one. Nothing here
 depends on the machine: ids and times are fixed, there is no randomness, and zstd frames are
 written by this script (raw, RLE and literals-only compressed blocks) rather than by libzstd,
-whose output may change from one release to the next.
+whose output may change from one release to the next. The trust vectors are deterministic too:
+their keys, ephemeral keys and file key come from fixed seeds, AES-GCM with a fixed key and
+nonce is a function, and Ed25519 signatures are deterministic (RFC 8032).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import io
 import json
@@ -28,6 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 HERE = Path(__file__).resolve().parent
 # The vectors are checked against the restorepoint of this checkout, not an installed one.
 sys.path.insert(0, str(HERE.parents[1]))
@@ -38,8 +48,19 @@ from restorepoint.format import PayloadDecoder, read_manifest  # noqa: E402
 from restorepoint.format._json import canonical_dumps  # noqa: E402
 from restorepoint.format.identity import config_identity  # noqa: E402
 from restorepoint.format.limits import MAX_HEAD_BYTES, MAX_INDEX_BYTES, zstd_bound  # noqa: E402
+from restorepoint.ops._open import Trust, open_manifest  # noqa: E402
 from restorepoint.ops.gate import handoff_document, load_expectations  # noqa: E402
-from restorepoint.testing.forge import ForgedEntry, Parts, assemble  # noqa: E402
+from restorepoint.testing.forge import ForgedEntry, Parts, assemble, encrypt  # noqa: E402
+from restorepoint.trust import (  # noqa: E402
+    PAYLOAD_TYPE,
+    PublicKey,
+    load_identity,
+    load_public,
+    pae,
+    raw_public,
+    signature_block,
+    statement,
+)
 
 INDEX = "index.json"
 GATE = "gate"
@@ -47,6 +68,10 @@ GATE = "gate"
 GATE_INDEX = f"{GATE}/index.json"
 #: The handoff marker, written here as the spec gives it (section 17), not taken from the code.
 HANDOFF = "restorepoint-handoff/1"
+TRUST = "trust"
+#: The trust vectors' records: signed and encrypted objects, each with the options to read it.
+TRUST_INDEX = f"{TRUST}/index.json"
+TRUST_KEYS = f"{TRUST}/keys"
 MAX_VECTOR_BYTES = 100_000
 MAX_TOTAL_BYTES = 1_000_000
 #: A bomb vector that made the reader allocate this much would not have been refused in time.
@@ -1037,10 +1062,387 @@ def gate_outcome(g: GateVector) -> list[str]:
     return problems
 
 
+# -- trust vectors ----------------------------------------------------------------------------
+
+#: The fixed test keys, by name: never use them for anything but these vectors.
+TEST_KEYS: dict[str, str] = {
+    "signer": "signing",
+    "stranger": "signing",
+    "recipient": "encryption",
+    "second-recipient": "encryption",
+    "outsider": "encryption",
+}
+OTHER_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+
+
+def _seed(what: str) -> bytes:
+    return hashlib.sha256(f"restorepoint test vectors: {what}".encode()).digest()
+
+
+def test_key(name: str) -> Ed25519PrivateKey | X25519PrivateKey:
+    if TEST_KEYS[name] == "signing":
+        return Ed25519PrivateKey.from_private_bytes(_seed(f"key {name}"))
+    return X25519PrivateKey.from_private_bytes(_seed(f"key {name}"))
+
+
+def signing_key(name: str) -> Ed25519PrivateKey:
+    key = test_key(name)
+    assert isinstance(key, Ed25519PrivateKey)
+    return key
+
+
+def recipient(name: str) -> PublicKey:
+    return PublicKey("encryption", raw_public(test_key(name)))
+
+
+def key_files() -> dict[str, bytes]:
+    """Every test key as keygen writes it: NAME (PKCS #8 PEM) and NAME.pub (SPKI PEM)."""
+    out = {}
+    for name in TEST_KEYS:
+        key = test_key(name)
+        out[f"{TRUST_KEYS}/{name}"] = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        out[f"{TRUST_KEYS}/{name}.pub"] = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class TrustVector:
+    """A signed or encrypted object, the trust options to read it with, and the outcome."""
+
+    name: str
+    data: bytes
+    fault: str
+    expected_error: str | None
+    trusted: tuple[str, ...] = ()
+    require_signature: bool = False
+    identity: str | None = None
+    position: dict[str, int] | None = None
+    files: dict[str, str] | None = None
+
+    @property
+    def file(self) -> str:
+        return f"{TRUST}/{self.name.removeprefix('trust-')}.rp"
+
+    def trust(self) -> Trust:
+        """The options as the library takes them, loaded from the committed key files."""
+        return Trust(
+            trusted=tuple(load_public(HERE / f"{TRUST_KEYS}/{k}.pub", "signing").raw
+                          for k in self.trusted),
+            require_signature=self.require_signature,
+            identity=load_identity(HERE / f"{TRUST_KEYS}/{self.identity}")
+            if self.identity is not None
+            else None,
+        )  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        valid = self.expected_error is None
+        out: dict[str, Any] = {
+            "name": self.name,
+            "kind": "trust",
+            "file": self.file,
+            "valid": valid,
+            "expected_error": self.expected_error,
+            "exit_code": 0 if valid else getattr(errors, str(self.expected_error)).exit_code,
+            "trust": [f"{TRUST_KEYS}/{k}.pub" for k in self.trusted],
+            "require_signature": self.require_signature,
+            "identity": f"{TRUST_KEYS}/{self.identity}" if self.identity is not None else None,
+            "fault": self.fault,
+        }
+        if valid:
+            out["position"] = self.position
+            out["files"] = self.files
+        return out
+
+
+def stream_files() -> dict[str, bytes]:
+    """Three chunks (two uniform, stored as zstd RLE frames of equal length, and a short last
+    one) and a one-chunk file: every stream fault fits in a few KB."""
+    return {
+        "stream.bin": b"\x01" * CHUNK + b"\x02" * CHUNK + pattern(1000),
+        "trainer_state.json": b'{"step": 1500}',
+    }
+
+
+def trust_parts(
+    *,
+    sign: tuple[str, ...] = (),
+    to: tuple[str, ...] = (),
+    final: Any = None,
+    **head: Any,
+) -> Parts:
+    parts = parts_of(stream_files(), ZSTD, **head)
+    if to:
+        encrypt(
+            parts,
+            [recipient(name) for name in to],
+            file_key=_seed("file key")[:32],
+            ephemerals=[
+                X25519PrivateKey.from_private_bytes(_seed(f"ephemeral {i}")) for i in range(len(to))
+            ],
+            final=final,
+        )
+    parts.signers = [signing_key(name) for name in sign]
+    return parts
+
+
+def signature_block_of(data: bytes) -> bytes:
+    index_offset, index_length, _, sig_length, _ = struct.unpack_from(
+        "<QQ32sQ8s", data, len(data) - 64
+    )
+    start = index_offset + index_length
+    return data[start : start + sig_length]
+
+
+def stream_entry(parts: Parts) -> ForgedEntry:
+    return next(e for e in parts.entries if e.path == "stream.bin")
+
+
+def build_trust() -> list[TrustVector]:
+    out: list[TrustVector] = []
+    files = stream_files()
+    digests = {p: sha(files[p]) for p in sorted(files, key=lambda p: p.encode())}
+
+    def add(name: str, parts: Parts | bytes, fault: str, error: str | None, **opts: Any) -> None:
+        data = parts if isinstance(parts, bytes) else assemble(parts)
+        extra: dict[str, Any] = {}
+        if error is None:
+            extra = {"position": {"batch": 3, "epoch": 1, "step": 1500}, "files": digests}
+        out.append(TrustVector(f"trust-{name}", data, fault, error, **opts, **extra))
+
+    signed_opts: dict[str, Any] = {"trusted": ("signer",), "require_signature": True}
+    add(
+        "valid-signed",
+        trust_parts(sign=("signer",)),
+        "Signed by the test key signer (trusted, signature required).",
+        None,
+        **signed_opts,
+    )
+    add(
+        "valid-encrypted",
+        trust_parts(to=("recipient", "second-recipient")),
+        "Encrypted to two recipients, opened by the second; unsigned.",
+        None,
+        identity="second-recipient",
+    )
+    add(
+        "valid-signed-encrypted",
+        trust_parts(sign=("signer",), to=("recipient",)),
+        "Encrypted to recipient and signed by signer: the signature covers the sealed payload.",
+        None,
+        identity="recipient",
+        **signed_opts,
+    )
+
+    # Signature faults.
+    parts = trust_parts()
+    key = signing_key("signer")
+
+    def flipped(head_sha: str, index_sha: str) -> bytes:
+        block = json.loads(signature_block(statement(parts.head["id"], head_sha, index_sha), [key]))
+        sig = bytearray(base64.b64decode(block["signatures"][0]["sig"]))
+        sig[10] ^= 0x01
+        block["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
+        return canonical_dumps(block)
+
+    parts.signer = flipped
+    add(
+        "bad-signature",
+        parts,
+        "One bit of the Ed25519 signature flipped (still canonical base64).",
+        "SignatureError",
+        **signed_opts,
+    )
+    other = assemble(trust_parts(sign=("signer",), position={"step": 1501}))
+    parts = trust_parts()
+    parts.signature = signature_block_of(other)
+    add(
+        "signature-over-other-bytes",
+        parts,
+        "The signature block of the same restore point at step 1501: valid, for other digests.",
+        "SignatureError",
+        **signed_opts,
+    )
+    add(
+        "untrusted-key",
+        trust_parts(sign=("stranger",)),
+        "A valid signature by stranger, a key not in the trust list.",
+        "SignatureError",
+        **signed_opts,
+    )
+    parts = trust_parts()
+
+    def other_type(head_sha: str, index_sha: str) -> bytes:
+        body = statement(parts.head["id"], head_sha, index_sha)
+        block = json.loads(signature_block(body, [key]))
+        sig = key.sign(pae(OTHER_PAYLOAD_TYPE, body))
+        block["signatures"][0]["sig"] = base64.b64encode(sig).decode()
+        assert block["payload_type"] == PAYLOAD_TYPE
+        return canonical_dumps(block)
+
+    parts.signer = other_type
+    add(
+        "wrong-payload-type",
+        parts,
+        f"The right statement, signed as payload type {OTHER_PAYLOAD_TYPE} (its PAE).",
+        "SignatureError",
+        **signed_opts,
+    )
+    add(
+        "unsigned-required",
+        trust_parts(),
+        "Unsigned, read with a signature required.",
+        "SignatureError",
+        **signed_opts,
+    )
+
+    # Decryption faults: unsigned, so that only the AEAD can catch them.
+    add(
+        "wrong-decryption-key",
+        trust_parts(to=("recipient",)),
+        "Encrypted to recipient, opened with outsider.",
+        "DecryptionError",
+        identity="outsider",
+    )
+    add(
+        "no-identity",
+        trust_parts(to=("recipient",)),
+        "Encrypted, read without an identity.",
+        "DecryptionError",
+    )
+    opener: dict[str, Any] = {"identity": "recipient"}
+    parts = trust_parts(to=("recipient",))
+    e = stream_entry(parts)
+    e.stored_chunks.pop()
+    e.size = 2 * CHUNK
+    e.sha256 = sha(files["stream.bin"][: 2 * CHUNK])
+    add(
+        "truncated-stream",
+        parts,
+        "The last chunk of stream.bin removed, its size and sha256 made to match.",
+        "DecryptionError",
+        **opener,
+    )
+    parts = trust_parts(to=("recipient",), final=lambda entry, i, n: i == n - 1 and entry != 0)
+    add(
+        "missing-final-chunk",
+        parts,
+        "stream.bin's last chunk sealed without the last-chunk flag: no final chunk.",
+        "DecryptionError",
+        **opener,
+    )
+    parts = trust_parts(
+        to=("recipient",), final=lambda entry, i, n: i == n - 1 or (entry, i) == (0, 0)
+    )
+    add(
+        "two-final-chunks",
+        parts,
+        "stream.bin's first chunk sealed with the last-chunk flag too: two final chunks.",
+        "DecryptionError",
+        **opener,
+    )
+    parts = trust_parts(to=("recipient",))
+    chunks = stream_entry(parts).stored_chunks
+    chunks[0], chunks[1] = chunks[1], chunks[0]
+    add(
+        "reordered-chunk",
+        parts,
+        "stream.bin's first two sealed chunks swapped (same lengths: the layout holds).",
+        "DecryptionError",
+        **opener,
+    )
+    parts = trust_parts(to=("recipient",))
+    chunks = stream_entry(parts).stored_chunks
+    chunks[1] = chunks[0]
+    add(
+        "duplicated-chunk",
+        parts,
+        "stream.bin's first sealed chunk in place of its second as well.",
+        "DecryptionError",
+        **opener,
+    )
+    parts = trust_parts(to=("recipient",))
+    chunks = stream_entry(parts).stored_chunks
+    sealed = bytearray(chunks[2])
+    sealed[len(sealed) // 2] ^= 0x01
+    chunks[2] = bytes(sealed)
+    add(
+        "flipped-ciphertext",
+        parts,
+        "One bit of stream.bin's last sealed chunk flipped.",
+        "DecryptionError",
+        **opener,
+    )
+    other_parts = trust_parts(to=("recipient",), id=OTHER_ID)
+    parts = trust_parts(to=("recipient",))
+    stream_entry(parts).stored_chunks[1] = stream_entry(other_parts).stored_chunks[1]
+    add(
+        "chunk-from-another-restore-point",
+        parts,
+        "stream.bin's second chunk from a restore point with another id and the same file key.",
+        "DecryptionError",
+        **opener,
+    )
+    parts = trust_parts(to=("recipient",))
+    parts.entries = [e for e in parts.entries if e.path != "trainer_state.json"]
+    add(
+        "dropped-entry",
+        parts,
+        "trainer_state.json removed from the index and the payload: one entry of two left.",
+        "DecryptionError",
+        **opener,
+    )
+    names = [t.name for t in out]
+    assert len(names) == len(set(names)), "trust vector names must be unique"
+    return out
+
+
+def read_trusted(data: bytes, trust: Trust) -> tuple[dict[str, int], dict[str, str]]:
+    """Read a trust vector as verify does: signatures and keys first, then every payload
+    digest through the cipher."""
+    opened = open_manifest(_Bytes(data), trust, need_key=True)
+    assert opened.manifest is not None
+    stream = io.BytesIO(data)
+    stream.seek(opened.head.data_start)
+    hashes: dict[str, Any] = {}
+    decoder = PayloadDecoder(opened.manifest, stream, threads=2, cipher=opened.cipher)
+    for e, chunk in decoder.events():
+        h = hashes.setdefault(e.path, hashlib.sha256())
+        if chunk is not None:
+            h.update(chunk)
+    return opened.manifest.position.to_dict(), {p: h.hexdigest() for p, h in hashes.items()}
+
+
+def trust_outcome(t: TrustVector) -> list[str]:
+    """Problems with what the reader, given the recorded options, makes of ``t``."""
+    try:
+        position, files = read_trusted(t.data, t.trust())
+    except errors.RestorePointError as exc:
+        found = errors.error_class(exc)
+        if found != t.expected_error:
+            return [f"{t.name}: expected {t.expected_error or 'to verify'}, raised {found}: {exc}"]
+        return []
+    except Exception as exc:
+        return [f"{t.name}: reader crashed with {type(exc).__name__}: {exc}"]
+    if t.expected_error is not None:
+        return [f"{t.name}: expected {t.expected_error}, but it verified"]
+    problems = []
+    if position != t.position:
+        problems.append(f"{t.name}: position {position}, expected {t.position}")
+    if files != t.files:
+        problems.append(f"{t.name}: file digests {files}, expected {t.files}")
+    return problems
+
+
 # -- writing and checking ---------------------------------------------------------------------
 
 
-def index_bytes(records: list[Vector] | list[GateVector]) -> bytes:
+def index_bytes(records: list[Vector] | list[GateVector] | list[TrustVector]) -> bytes:
     text = json.dumps([x.record() for x in records], indent=2, ensure_ascii=False)
     return (text + "\n").encode()
 
@@ -1061,6 +1463,24 @@ def write(vectors: list[Vector], gates: list[GateVector]) -> None:
     for g in gates:
         (HERE / g.file).write_bytes(g.data)
     (HERE / GATE_INDEX).write_bytes(index_bytes(gates))
+
+
+def trust_files(trusts: list[TrustVector]) -> dict[str, bytes]:
+    """Every file of the trust family, by its path relative to this directory."""
+    out = {t.file: t.data for t in trusts}
+    out.update(key_files())
+    out[TRUST_INDEX] = index_bytes(trusts)
+    return out
+
+
+def write_trust(trusts: list[TrustVector]) -> None:
+    wanted = trust_files(trusts)
+    (HERE / TRUST_KEYS).mkdir(parents=True, exist_ok=True)
+    for stale in (HERE / TRUST).rglob("*"):
+        if stale.is_file() and str(stale.relative_to(HERE)) not in wanted:
+            stale.unlink()
+    for name, data in wanted.items():
+        (HERE / name).write_bytes(data)
 
 
 class _Bytes:
@@ -1131,7 +1551,7 @@ def outcome(x: Vector) -> list[str]:
     return problems
 
 
-def check(vectors: list[Vector], gates: list[GateVector]) -> list[str]:
+def check(vectors: list[Vector], gates: list[GateVector], trusts: list[TrustVector]) -> list[str]:
     problems = []
     wanted = {f"{x.name}.rp": x for x in vectors}
     index_path = HERE / INDEX
@@ -1170,6 +1590,22 @@ def check(vectors: list[Vector], gates: list[GateVector]) -> list[str]:
             problems.append(f"{name}: differs from what the generator writes")
         total += len(g.data)
         problems += gate_outcome(g)
+    wanted = trust_files(trusts)
+    for path in sorted((HERE / TRUST).rglob("*")):
+        if path.is_file() and str(path.relative_to(HERE)) not in wanted:
+            problems.append(f"{path.relative_to(HERE)}: not made by the generator (stale)")
+    for name, data in wanted.items():
+        path = HERE / name
+        if not path.exists():
+            problems.append(f"{name}: missing")
+        elif path.read_bytes() != data:
+            problems.append(f"{name}: differs from what the generator writes")
+        total += len(data)
+        if len(data) >= MAX_VECTOR_BYTES:
+            problems.append(f"{name}: {len(data)} bytes, the limit is {MAX_VECTOR_BYTES}")
+    if not any(p.startswith(TRUST_KEYS) for p in problems):
+        for t in trusts:
+            problems += trust_outcome(t)
     if total >= MAX_TOTAL_BYTES:
         problems.append(f"all vectors: {total} bytes, the limit is {MAX_TOTAL_BYTES}")
     return problems
@@ -1183,18 +1619,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     vectors = build()
     gates = build_gate(vectors)
+    trusts = build_trust()
     if not args.check:
         write(vectors, gates)
-        print(f"wrote {len(vectors)} vectors, {len(gates)} gate vectors, {INDEX} and {GATE_INDEX}")
+        write_trust(trusts)
+        print(
+            f"wrote {len(vectors)} vectors, {len(gates)} gate vectors, {len(trusts)} trust "
+            f"vectors, {INDEX}, {GATE_INDEX} and {TRUST_INDEX}"
+        )
         return 0
-    problems = check(vectors, gates)
+    problems = check(vectors, gates, trusts)
     for line in problems:
         print(line)
     if problems:
         return 1
     print(
-        f"{len(vectors)} vectors and {len(gates)} gate vectors: committed bytes match, the reader "
-        f"agrees with {INDEX} and the gate with {GATE_INDEX}"
+        f"{len(vectors)} vectors, {len(gates)} gate vectors and {len(trusts)} trust vectors: "
+        f"committed bytes match, the reader agrees with {INDEX} and {TRUST_INDEX}, the gate "
+        f"with {GATE_INDEX}"
     )
     return 0
 

@@ -8,14 +8,23 @@ lays them out and, unless told otherwise, recomputes everything that depends on 
     parts = Parts.sample()                       # a small valid restore point
     parts.head["position"]["step"] = -1          # one fault: schema
     data = assemble(parts)                       # digests recomputed: only the fault remains
+
+Signed and encrypted objects are forged the same way: ``parts.signers`` sign the statement of
+the object as laid out (``parts.signer`` or ``parts.signature`` plant any other block), and
+``encrypt(parts, recipients)`` seals every stored chunk as pack does, so that a test can then
+reorder, drop or splice sealed chunks and leave only the AEAD to notice.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..format._json import canonical_dumps
 from ..format._layout import (
@@ -30,8 +39,10 @@ from ..format._layout import (
 )
 from ..format.codecs import codec_from_dict
 from ..format.identity import config_identity
+from ..format.manifest import ENCRYPTION_FEATURE
+from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
 
-__all__ = ["ForgedEntry", "Parts", "assemble", "sample_head"]
+__all__ = ["ForgedEntry", "Parts", "assemble", "encrypt", "sample_head"]
 
 FIXED_ID = "0123456789abcdef0123456789abcdef"
 FIXED_CREATED = "2026-01-01T00:00:00.000Z"
@@ -111,9 +122,16 @@ class Parts:
     index_digest: bytes | None = None
     index_offset: int | None = None
     index_length: int | None = None
-    reserved: int = 0
+    #: the footer's fourth field (reserved before signatures); None: the signature block's length
+    signature_length: int | None = None
     end_magic: bytes = END_MAGIC
     trailing: bytes = b""
+    #: the signature block, exactly these bytes (b"" for none); None: made as below
+    signature: bytes | None = None
+    #: makes the block from the object's (head sha256, index sha256), as the writer's signer
+    signer: Callable[[str, str], bytes] | None = None
+    #: without ``signature`` and ``signer``: these keys sign the statement of the object
+    signers: list[Ed25519PrivateKey] = field(default_factory=list)
 
     @classmethod
     def sample(
@@ -134,6 +152,15 @@ class Parts:
             for p in sorted(files, key=lambda p: p.encode())
         ]
         return cls(head=head, entries=entries)
+
+    @property
+    def reserved(self) -> int | None:
+        """The footer's fourth field under its format-1.0-draft name (now signature_length)."""
+        return self.signature_length
+
+    @reserved.setter
+    def reserved(self, value: int | None) -> None:
+        self.signature_length = value
 
     def copy(self) -> Parts:
         return copy.deepcopy(self)
@@ -180,12 +207,64 @@ def assemble(parts: Parts) -> bytes:
     index_digest = (
         parts.index_digest if parts.index_digest is not None else hashlib.sha256(index).digest()
     )
+    # Signed over what a reader computes: the head bytes' and the index bytes' real digests.
+    real_index_digest = hashlib.sha256(index).hexdigest()
+    if parts.signature is not None:
+        block = parts.signature
+    elif parts.signer is not None:
+        block = parts.signer(real_digest.hex(), real_index_digest)
+    elif parts.signers:
+        body = statement(str(parts.head.get("id")), real_digest.hex(), real_index_digest)
+        block = signature_block(body, parts.signers)
+    else:
+        block = b""
+    out += block
     out += FOOTER.pack(
         parts.index_offset if parts.index_offset is not None else index_offset_real,
         parts.index_length if parts.index_length is not None else len(index),
         index_digest,
-        parts.reserved,
+        parts.signature_length if parts.signature_length is not None else len(block),
         parts.end_magic,
     )
     out += parts.trailing
     return bytes(out)
+
+
+def encrypt(
+    parts: Parts,
+    recipients: Sequence[PublicKey],
+    *,
+    file_key: bytes | None = None,
+    ephemerals: Sequence[X25519PrivateKey] | None = None,
+    final: Callable[[int, int, int], bool] | None = None,
+) -> StreamCipher:
+    """Encrypt the payload of ``parts`` in place, as pack does: the head gets its
+    ``encryption`` object and the required feature, and every stored chunk of every entry is
+    sealed for its path, size, position, the entry count, its index and the last-chunk flag.
+    ``final(entry, index, count)`` gives that flag (by default: the entry's last chunk), which
+    lets a test seal a stream with no final chunk or with two. ``file_key`` and ``ephemerals``
+    make the bytes deterministic. Returns the cipher, to seal more chunks with.
+
+    Sealing happens now: an entry removed, reordered or resized afterwards keeps chunks sealed
+    for where it was, which is exactly what a stream attack looks like."""
+    key, encryption = recipients_for(recipients, file_key=file_key, ephemerals=ephemerals)
+    parts.head["encryption"] = encryption
+    features = set(parts.head.get("required_features") or [])
+    parts.head["required_features"] = sorted(features | {ENCRYPTION_FEATURE})
+    cipher = StreamCipher(key, str(parts.head.get("id")))
+    count = len(parts.entries)
+    for position, e in enumerate(parts.entries):
+        n = len(e.stored_chunks)
+        e.stored_chunks = [
+            cipher.seal(
+                e.path,
+                e.size,
+                position,
+                count,
+                i,
+                final(position, i, n) if final is not None else i == n - 1,
+                chunk,
+            )
+            for i, chunk in enumerate(e.stored_chunks)
+        ]
+    return cipher

@@ -57,6 +57,7 @@ def raw_public(key: PrivateKey | Ed25519PublicKey | X25519PublicKey) -> bytes:
 def generate(out: str | os.PathLike[str], kind: KeyKind = "signing") -> tuple[Path, Path]:
     """Write a new private key to ``out`` (0600, refusing to overwrite) and its public key to
     ``out.pub``. Returns both paths."""
+    _check_kind(kind)
     private: PrivateKey = (
         Ed25519PrivateKey.generate() if kind == "signing" else X25519PrivateKey.generate()
     )
@@ -71,7 +72,12 @@ def generate(out: str | os.PathLike[str], kind: KeyKind = "signing") -> tuple[Pa
         serialization.NoEncryption(),
     )
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o600)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        raise NotFound("the key's directory does not exist", url=str(path.parent)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot write the key ({exc.strerror})", url=str(path)) from None
     try:
         os.write(fd, pem)
         os.fsync(fd)
@@ -90,6 +96,16 @@ def generate(out: str | os.PathLike[str], kind: KeyKind = "signing") -> tuple[Pa
     return path, pub_path
 
 
+def _check_kind(kind: str) -> None:
+    # Anything but "signing" would otherwise silently mean an X25519 key.
+    if kind not in ("signing", "encryption"):
+        raise UsageError(f"a key is for signing or encryption, not {kind!r}")
+
+
+def _a(kind: KeyKind) -> str:
+    return f"an {kind}" if kind == "encryption" else f"a {kind}"
+
+
 def _read(path: str | os.PathLike[str]) -> bytes:
     try:
         return Path(path).read_bytes()
@@ -101,6 +117,7 @@ def _read(path: str | os.PathLike[str]) -> bytes:
 
 def load_private(path: str | os.PathLike[str], kind: KeyKind) -> PrivateKey:
     """A private key of the given kind from a PEM file."""
+    _check_kind(kind)
     data = _read(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
@@ -109,12 +126,13 @@ def load_private(path: str | os.PathLike[str], kind: KeyKind) -> PrivateKey:
     want = Ed25519PrivateKey if kind == "signing" else X25519PrivateKey
     if not isinstance(key, want):
         found = "an encryption (X25519)" if kind == "signing" else "a signing (Ed25519)"
-        raise ConfigError(f"this is {found} key, not a {kind} key", url=str(path))
+        raise ConfigError(f"this is {found} key, not {_a(kind)} key", url=str(path))
     return key
 
 
 def load_public(path: str | os.PathLike[str], kind: KeyKind) -> PublicKey:
     """A public key of the given kind from a PEM file (``OUT.pub``)."""
+    _check_kind(kind)
     data = _read(path)
     try:
         key = serialization.load_pem_public_key(data)
@@ -122,7 +140,7 @@ def load_public(path: str | os.PathLike[str], kind: KeyKind) -> PublicKey:
         raise ConfigError(f"not a public key file ({exc})", url=str(path)) from None
     want = Ed25519PublicKey if kind == "signing" else X25519PublicKey
     if not isinstance(key, want):
-        raise ConfigError(f"this is not a {kind} public key", url=str(path))
+        raise ConfigError(f"this is not {_a(kind)} public key", url=str(path))
     return PublicKey(kind, raw_public(key))
 
 

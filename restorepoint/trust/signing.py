@@ -96,9 +96,14 @@ def _b64(value: object, what: str) -> bytes:
     if not isinstance(value, str):
         raise SignatureError(f"signature block: {what} must be base64")
     try:
-        return base64.b64decode(value, validate=True)
+        data = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise SignatureError(f"signature block: {what} is not valid base64") from None
+    # Padding bits must be zero (RFC 4648 3.5): otherwise two spellings decode alike, and a
+    # changed byte of the block would go unnoticed (nothing else covers the block's bytes).
+    if base64.b64encode(data).decode() != value:
+        raise SignatureError(f"signature block: {what} is not canonical base64")
+    return data
 
 
 def check_block(
@@ -144,6 +149,13 @@ def check_block(
         sig = _b64(item.get("sig"), f"signature {i} sig")
         if len(raw) != 32:
             raise SignatureError(f"signature {i}: not an Ed25519 public key")
+        # Only a hint, but one that must be right: no byte of the block may change unnoticed.
+        if item.get("keyid") != key_id(raw):
+            raise SignatureError(
+                f"signature {i}: keyid is not that of its public key",
+                expected=key_id(raw),
+                found=item.get("keyid"),
+            )
         try:
             Ed25519PublicKey.from_public_bytes(raw).verify(sig, message)
         except InvalidSignature:

@@ -1,5 +1,6 @@
 """The golden vectors (spec/vectors): the committed bytes are the generator's, and the library and
-the CLI both give every vector its recorded outcome, and every gate vector its recorded decision."""
+the CLI both give every vector its recorded outcome, every gate vector its recorded decision, and
+every trust vector, read with its recorded trust options, its recorded outcome."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from restorepoint import errors
 VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"
 RECORDS: list[dict[str, Any]] = json.loads((VECTORS / "index.json").read_text("utf-8"))
 GATES: list[dict[str, Any]] = json.loads((VECTORS / "gate" / "index.json").read_text("utf-8"))
+TRUSTS: list[dict[str, Any]] = json.loads((VECTORS / "trust" / "index.json").read_text("utf-8"))
 FIELDS = {"name", "file", "valid", "expected_error", "exit_code", "fault"}
 GATE_FIELDS = {"name", "kind", "vector", "expect", "compatible", "exit_code", "mismatches", "fault"}
+TRUST_FIELDS = FIELDS | {"kind", "trust", "require_signature", "identity"}
 
 
 def by_name(records: list[dict[str, Any]]) -> list[Any]:
@@ -103,7 +106,8 @@ def test_cli_gives_the_recorded_outcome(record: dict[str, Any]) -> None:
 
 
 def test_gate_vectors_cover_the_gate() -> None:
-    assert len({r["name"] for r in GATES} | {r["name"] for r in RECORDS}) == len(GATES + RECORDS)
+    names = {r["name"] for r in GATES + RECORDS + TRUSTS}
+    assert len(names) == len(GATES + RECORDS + TRUSTS)
     files = {f"gate/{p.name}" for p in (VECTORS / "gate").iterdir()} - {"gate/index.json"}
     assert {r["expect"] for r in GATES} == files
     assert {True, False} == {r["compatible"] for r in GATES}
@@ -163,3 +167,102 @@ def test_cli_gate_gives_the_recorded_decision(record: dict[str, Any]) -> None:
     assert out["error"]["mismatches"] == record["mismatches"]
     # The summary line, then one line per mismatch.
     assert len(done.stderr.splitlines()) == 1 + len(record["mismatches"]), done.stderr
+
+
+# -- trust vectors --------------------------------------------------------------------------
+
+
+def trust_of(record: dict[str, Any]) -> restorepoint.Trust:
+    from restorepoint.trust import load_identity, load_public
+
+    identity = record["identity"]
+    return restorepoint.Trust(
+        trusted=tuple(load_public(VECTORS / k, "signing").raw for k in record["trust"]),
+        require_signature=record["require_signature"],
+        identity=load_identity(VECTORS / identity) if identity is not None else None,
+    )
+
+
+def trust_options(record: dict[str, Any]) -> list[str]:
+    args = [arg for k in record["trust"] for arg in ("--trust", str(VECTORS / k))]
+    if record["require_signature"]:
+        args.append("--require-signature")
+    if record["identity"] is not None:
+        args += ["--identity", str(VECTORS / record["identity"])]
+    return args
+
+
+def test_trust_vectors_cover_signing_and_encryption() -> None:
+    folder = VECTORS / "trust"
+    assert {r["file"] for r in TRUSTS} == {f"trust/{p.name}" for p in folder.glob("*.rp")}
+    keys = {f"trust/keys/{p.name}" for p in (folder / "keys").iterdir()}
+    used = {k for r in TRUSTS for k in r["trust"]} | {r["identity"] for r in TRUSTS} - {None}
+    assert used <= keys
+    # Every private key has its public key beside it, and nothing else is there.
+    assert keys == {k for k in keys if not k.endswith(".pub")} | {
+        f"{k}.pub" for k in keys if not k.endswith(".pub")
+    }
+    classes = [r["expected_error"] for r in TRUSTS]
+    assert classes.count(None) == 3
+    assert {"SignatureError", "DecryptionError"} == set(classes) - {None}
+    # Test-only keys, said so where a reader of the directory will look.
+    assert "test keys" in (VECTORS / "README.md").read_text("utf-8")
+
+
+@pytest.mark.parametrize("record", by_name(TRUSTS))
+def test_trust_record_is_well_formed(record: dict[str, Any]) -> None:
+    extra = {"position", "files"} if record["valid"] else set()
+    assert set(record) == TRUST_FIELDS | extra
+    assert record["kind"] == "trust"
+    assert record["name"].startswith("trust-")
+    assert record["file"] == f"trust/{record['name'].removeprefix('trust-')}.rp"
+    assert record["exit_code"] == (
+        0 if record["valid"] else getattr(errors, record["expected_error"]).exit_code
+    )
+    assert not record["require_signature"] or record["trust"]
+    for key in record["trust"]:
+        assert key.startswith("trust/keys/") and key.endswith(".pub")
+
+
+@pytest.mark.parametrize("record", by_name(TRUSTS))
+def test_library_gives_the_recorded_trust_outcome(record: dict[str, Any]) -> None:
+    path = str(VECTORS / record["file"])
+    trust = trust_of(record)
+    if record["valid"]:
+        report = restorepoint.verify(path, trust=trust)
+        assert report.manifest.position.to_dict() == record["position"]
+        assert {e.path: e.sha256 for e in report.manifest.payload or []} == record["files"]
+        if record["trust"]:
+            assert report.trusted_by == report.signed_by != ()
+        return
+    with pytest.raises(errors.RestorePointError) as info:
+        restorepoint.verify(path, trust=trust)
+    assert errors.error_class(info.value) == record["expected_error"], str(info.value)
+    assert info.value.url == path
+
+
+@pytest.mark.parametrize("record", by_name(TRUSTS))
+def test_cli_gives_the_recorded_trust_outcome(record: dict[str, Any]) -> None:
+    path = str(VECTORS / record["file"])
+    done = subprocess.run(
+        [sys.executable, "-m", "restorepoint", "verify", path, *trust_options(record), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == record["exit_code"], done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    out = json.loads(lines[0])
+    if record["valid"]:
+        assert done.stderr == ""
+        assert out["ok"] is True
+        assert out["position"] == record["position"]
+        assert out["files"] == len(record["files"])
+        assert out["encrypted"] is (record["identity"] is not None)
+        return
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert out["ok"] is False
+    assert out["error"]["class"] == record["expected_error"]
+    assert out["error"]["exit_code"] == record["exit_code"]

@@ -15,6 +15,8 @@ from .demo import demo_command
 from .import_ import check_command, import_command
 from .inspect import inspect_command
 from .pack import pack_command
+from .run import run_command, snapshot_command
+from .slurm import slurm_template_command
 from .store import latest_command, list_command, prune_command
 from .verify import verify_command
 
@@ -55,6 +57,11 @@ app.command("latest")(latest_command)
 app.command("prune")(prune_command)
 app.command("keygen")(keygen_command)
 app.command("adapters")(adapters_command)
+app.command("run", context_settings={"allow_interspersed_args": False})(run_command)
+app.command("snapshot")(snapshot_command)
+app.command("slurm-template", context_settings={"allow_interspersed_args": False})(
+    slurm_template_command
+)
 app.command("demo")(demo_command)
 
 

@@ -1,0 +1,345 @@
+"""``restorepoint run``: the supervisor that turns reclaim notices into published restore points.
+
+    restorepoint run --store URL [--adapter NAME] [--watch aws|gcp|none]
+        [--resume-from URL | --auto-resume] -- TRAINER ARGS...
+
+1. Resume, if asked: import the restore point through the gate and start the trainer with the
+   adapter's resume arguments (a restorepoint.torch run is told where the import lies).
+2. Start the trainer and forward the signals the supervisor gets (TERM, INT, HUP, USR1, USR2).
+3. Watch for notices. On one, send the snapshot request to every trainer process that has
+   reported itself up (a process without its handler installed would die of SIGUSR1), wait for
+   the snapshot and for it to be published in the store, before the notice's deadline; say early
+   when that cannot be made, and what is done instead. A stop notice then stops the trainer.
+4. A trainer that exits 42 (resumable) makes the supervisor exit 42 too, once the upload in
+   flight is done, so that the scheduler above it requeues.
+
+Trainers report themselves up by writing ``$RESTOREPOINT_READY_DIR/PID.json`` (ResumableRun does,
+once its handlers are installed). Telemetry is a JSON-lines file of counts and timings: never a
+URL, a path or a credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ..adapters.base import Adapter
+from ..errors import NotFound, RestorePointError, UsageError
+from ..ops import import_restore_point, latest, list_store, pack
+from .watchers import Notice, Watcher
+
+__all__ = ["READY_ENV", "RESUME_ENV", "STORE_ENV", "Supervisor", "Telemetry"]
+
+log = logging.getLogger("restorepoint.preempt")
+
+READY_ENV = "RESTOREPOINT_READY_DIR"
+STORE_ENV = "RESTOREPOINT_STORE"
+RESUME_ENV = "RESTOREPOINT_RESUME_DIR"
+EXIT_RESUMABLE = 42
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+_SAFE_FIELDS = {
+    "event", "time", "kind", "source", "step", "seconds", "bytes", "count", "exit_code",
+    "seconds_left", "notice_to_published_s", "published", "in_time", "snapshots", "uploads",
+    "resumes", "notices", "upload_failures", "reason",
+}  # fmt: skip
+
+
+class Telemetry:
+    """Counts and timings, one JSON object a line. Only whitelisted fields of numbers, booleans
+    and short enumerations are written, so no URL, path or credential can leak into it."""
+
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.counts = {"notices": 0, "resumes": 0, "snapshots": 0, "uploads": 0,
+                       "upload_failures": 0}  # fmt: skip
+
+    def record(self, event: str, **fields: Any) -> None:
+        doc: dict[str, Any] = {"event": event, "time": round(time.time(), 3)}
+        for key, raw in fields.items():
+            if key not in _SAFE_FIELDS:
+                raise ValueError(f"telemetry field {key!r} is not on the list")
+            value: Any = round(raw, 4) if isinstance(raw, float) else raw
+            if not isinstance(value, (int, float, bool)) and value is not None:
+                value = str(value)
+                if "/" in value or "\\" in value or ":" in value:
+                    raise ValueError(f"telemetry value for {key!r} looks like a path or URL")
+            doc[key] = value
+        if self.path is None:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(doc, sort_keys=True) + "\n")
+
+    def count(self, name: str, **fields: Any) -> None:
+        self.counts[name] += 1
+        self.record(name.rstrip("s") if name != "resumes" else "resume", **fields)
+
+
+@dataclass
+class _Ready:
+    pid: int
+    run: str | None
+    run_dir: str | None
+
+
+@dataclass
+class Supervisor:
+    command: Sequence[str]
+    store: str
+    adapter: Adapter | None = None
+    watcher: Watcher | None = None
+    resume_from: str | None = None
+    auto_resume: bool = False
+    run: str | None = None
+    workdir: Path | None = None
+    telemetry: Telemetry = field(default_factory=lambda: Telemetry(None))
+    #: seconds kept in hand before a notice's deadline
+    margin_s: float = 5.0
+    #: how long to wait for a snapshot to be published when the notice states no deadline
+    snapshot_timeout_s: float = 600.0
+    storage_options: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise UsageError("give the trainer's command after --")
+        if not self.store.endswith("/"):
+            self.store += "/"
+        self._ready_dir = Path(tempfile.mkdtemp(prefix="restorepoint-ready-"))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._last_publish_s: float | None = None
+        self._publishing: threading.Thread | None = None
+        self._stopping = False
+
+    # -- the trainer's processes ------------------------------------------------------------
+
+    def ready(self) -> list[_Ready]:
+        """Trainer processes that have reported themselves up (and are still alive)."""
+        out = []
+        for path in sorted(self._ready_dir.glob("*.json")):
+            try:
+                doc = json.loads(path.read_text())
+                pid = int(doc["pid"])
+                os.kill(pid, 0)
+            except (ValueError, KeyError, OSError):
+                continue
+            out.append(_Ready(pid, doc.get("run"), doc.get("run_dir")))
+        return out
+
+    def _signal_ready(self, signum: int) -> int:
+        sent = 0
+        for r in self.ready():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(r.pid, signum)
+                sent += 1
+        return sent
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self._stopping = True
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signum)
+
+    # -- resume --------------------------------------------------------------------------------
+
+    def _prepare_resume(self, env: dict[str, str]) -> list[str]:
+        command = list(self.command)
+        url = self.resume_from
+        if url is None and self.auto_resume:
+            if self.run is None:
+                return command  # a ResumableRun finds its own run in the store
+            try:
+                url = latest(self.store, run=self.run, storage_options=self.storage_options).url
+            except NotFound:
+                log.warning("no restore point of run %s in the store: starting fresh", self.run)
+                return command
+        if url is None:
+            return command
+        dest = self._ready_dir / "resume"
+        started = time.perf_counter()
+        result = import_restore_point(url, dest, storage_options=self.storage_options)
+        self.telemetry.count(
+            "resumes",
+            step=result.manifest.position.step,
+            seconds=time.perf_counter() - started,
+            bytes=result.bytes,
+        )
+        env[RESUME_ENV] = str(dest)
+        if self.adapter is not None:
+            command = self.adapter.resume_command(dest, result.manifest, command)
+        return command
+
+    # -- notices ---------------------------------------------------------------------------
+
+    def _store_names(self, run: str | None) -> set[str]:
+        try:
+            return {
+                e.name
+                for e in list_store(self.store, run=run, storage_options=self.storage_options)
+            }
+        except RestorePointError:
+            return set()
+
+    def handle(self, notice: Notice) -> bool:
+        """Act on a notice; True when a restore point was published in time."""
+        self.telemetry.count(
+            "notices", kind=notice.kind, source=notice.source, seconds_left=notice.seconds_left
+        )
+        ready = self.ready()
+        if not ready:
+            log.warning(
+                "notice (%s) but no trainer has reported itself up: nothing to snapshot",
+                notice.detail,
+            )
+            self.telemetry.record("missed", reason="no-trainer-up", kind=notice.kind)
+            if notice.kind == "stop":
+                self._terminate()
+            return False
+        left = notice.seconds_left
+        needed = self._last_publish_s
+        if left is not None and needed is not None and left - self.margin_s < needed:
+            log.warning(
+                "notice (%s): %.1f s left, the last publish took %.1f s: it may not land in "
+                "time; requesting it anyway, and the store's previous restore point stays the "
+                "newest if it does not", notice.detail, left, needed,
+            )  # fmt: skip
+        else:
+            log.info(
+                "notice (%s): snapshot requested, %s s left",
+                notice.detail,
+                "?" if left is None else f"{left:.1f}",
+            )
+        runs = {r.run for r in ready}
+        before = {run: self._store_names(run) for run in runs}
+        started = time.perf_counter()
+        self_publishing = self.adapter is None or getattr(self.adapter, "self_publishing", False)
+        if self_publishing:
+            signum = signal.SIGTERM if notice.kind == "stop" else signal.SIGUSR1
+            self._signal_ready(signum)
+        else:
+            assert self.adapter is not None
+            for r in ready:
+                self.adapter.request_snapshot(r.pid)
+        deadline = (
+            (notice.deadline - self.margin_s)
+            if notice.deadline
+            else (time.time() + self.snapshot_timeout_s)
+        )
+        published = self._await_publication(runs, before, deadline, self_publishing)
+        elapsed = time.perf_counter() - started
+        in_time = published and time.time() <= (notice.deadline or float("inf"))
+        if published:
+            self._last_publish_s = elapsed
+            self.telemetry.count("uploads", seconds=elapsed, kind=notice.kind)
+        else:
+            self.telemetry.count("upload_failures", kind=notice.kind)
+        self.telemetry.record(
+            "published" if published else "missed",
+            kind=notice.kind,
+            notice_to_published_s=elapsed if published else None,
+            in_time=in_time,
+        )
+        if notice.kind == "stop" and not self_publishing:
+            self._terminate()
+        return in_time
+
+    def _await_publication(
+        self, runs: set[str | None], before: dict[str | None, set[str]], deadline: float,
+        self_publishing: bool,
+    ) -> bool:  # fmt: skip
+        """Wait until each run has a new restore point in the store (the trainer published it),
+        or, for an adapter that leaves publishing to us, until a new committed snapshot exists,
+        which is then published here."""
+        if not self_publishing:
+            return self._publish_external(deadline)
+        while time.time() < deadline:
+            if all(self._store_names(run) - before[run] for run in runs):
+                self.telemetry.count("snapshots")
+                return True
+            if self._proc is not None and self._proc.poll() is not None:
+                # The trainer exited (42 after a stop): its last upload is done or failed.
+                return all(self._store_names(run) - before[run] for run in runs)
+            time.sleep(0.1)
+        return False
+
+    def _publish_external(self, deadline: float) -> bool:
+        assert self.adapter is not None
+        assert self.workdir is not None
+        previous = self.adapter.newest_snapshot(self.workdir)
+        prev_step = previous.step if previous is not None else -1
+        while time.time() < deadline:
+            snap = self.adapter.newest_snapshot(self.workdir)
+            if snap is not None and snap.step > prev_step:
+                self.telemetry.count("snapshots", step=snap.step)
+                info = self.adapter.trainer()
+                result = pack(
+                    snap.root,
+                    self.store,
+                    position=snap.position,
+                    trainer=(info.name, info.version),
+                    terms=dict(info.terms),
+                    include=list(snap.files),
+                    run=self.run,
+                    storage_options=self.storage_options,
+                )
+                self.telemetry.record(
+                    "upload", bytes=result.size, seconds=result.seconds, step=snap.step
+                )
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _terminate(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+
+    # -- main ------------------------------------------------------------------------------
+
+    def run_trainer(self) -> int:
+        env = os.environ.copy()
+        env[READY_ENV] = str(self._ready_dir)
+        env[STORE_ENV] = self.store
+        previous: dict[signal.Signals, Any] = {}
+        try:
+            command = self._prepare_resume(env)
+            self._proc = subprocess.Popen(command, env=env)
+            for signum in FORWARDED:
+                previous[signum] = signal.signal(signum, self._forward)
+            if self.watcher is not None:
+                self.watcher.start()
+            while self._proc.poll() is None:
+                if self.watcher is None:
+                    time.sleep(0.2)
+                    continue
+                try:
+                    notice = self.watcher.notices.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                self.handle(notice)
+            code = self._proc.wait()
+        finally:
+            if self.watcher is not None:
+                self.watcher.stop()
+            for signum, handler in previous.items():
+                with contextlib.suppress(ValueError, TypeError):
+                    signal.signal(signum, handler)
+            shutil.rmtree(self._ready_dir, ignore_errors=True)
+        self.telemetry.record("exit", exit_code=code, **{
+            k: v for k, v in self.telemetry.counts.items()
+        })  # fmt: skip
+        if code < 0:  # killed by a signal: report it the shell way
+            return 128 - code
+        return code

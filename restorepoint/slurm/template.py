@@ -1,0 +1,92 @@
+"""The sbatch template (docs/slurm.md explains every line)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+
+from ..errors import UsageError
+
+__all__ = ["render"]
+
+_TEMPLATE = """\
+#!/bin/bash
+#SBATCH --job-name={job_name}
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@{lead}
+#SBATCH --open-mode=append
+{sbatch_lines}
+# The restorepoint Slurm contract (docs/slurm.md):
+# - --requeue makes the job eligible for requeue; --signal=B:USR1@{lead} sends the batch shell
+#   USR1 {lead} s before the time limit (and at preemption, with preempt_send_user_signal);
+# - the batch shell ignores TERM, so the step's handler owns preemption;
+# - the batch shell forwards USR1 to the step as {stop_signal}, the trainer's stop request: it
+#   snapshots, publishes its restore point and exits {resumable};
+# - on exit {resumable} the job requeues itself, at most {max_resubmits} times (reaching the time
+#   limit never requeues by itself); on requeue SLURM_RESTART_COUNT is 1, 2, ...
+set -u
+max_resubmits={max_resubmits}
+restarts="${{SLURM_RESTART_COUNT:-0}}"
+export RESTOREPOINT_MAX_RESUBMITS="$max_resubmits"
+trap '' TERM
+child=""
+forward() {{
+    if [ -n "$child" ]; then
+        kill -s {stop_signal} "$child" 2>/dev/null || true
+    fi
+}}
+trap forward USR1
+echo "restorepoint: job $SLURM_JOB_ID start, restart count $restarts" >&2
+srun --kill-on-bad-exit=1 {command} &
+child=$!
+# wait returns early whenever a trapped signal arrives: wait until the step is really gone.
+code=0
+while true; do
+    wait "$child"
+    code=$?
+    kill -0 "$child" 2>/dev/null || break
+done
+echo "restorepoint: step exited $code" >&2
+if [ "$code" -eq {resumable} ]; then
+    if [ "$restarts" -lt "$max_resubmits" ]; then
+        echo "restorepoint: resumable exit: requeue $((restarts + 1)) of $max_resubmits" >&2
+        scontrol requeue "$SLURM_JOB_ID"
+        exit 0
+    fi
+    echo "restorepoint: resumable exit, but the resubmit limit ($max_resubmits) is reached" >&2
+fi
+exit "$code"
+"""
+
+
+def render(
+    command: Sequence[str],
+    *,
+    job_name: str = "restorepoint",
+    lead: int = 600,
+    max_resubmits: int = 3,
+    stop_signal: str = "USR2",
+    sbatch: Mapping[str, str] | None = None,
+) -> str:
+    """The sbatch script for ``command`` (the trainer's argv)."""
+    if not command:
+        raise UsageError("give the trainer's command after --")
+    if lead < 1 or max_resubmits < 0:
+        raise UsageError("--lead must be positive and --max-resubmits non-negative")
+    signal_name = stop_signal.upper().removeprefix("SIG")
+    if signal_name not in {"USR1", "USR2", "TERM", "INT"}:
+        raise UsageError(f"--stop-signal must be USR1, USR2, TERM or INT, not {stop_signal!r}")
+    lines = []
+    for key, value in (sbatch or {}).items():
+        if not key or any(c.isspace() for c in key) or "\n" in value:
+            raise UsageError(f"bad sbatch option {key!r}")
+        lines.append(f"#SBATCH --{key}={value}" if value else f"#SBATCH --{key}")
+    return _TEMPLATE.format(
+        job_name=job_name,
+        lead=lead,
+        max_resubmits=max_resubmits,
+        stop_signal=signal_name,
+        resumable=42,
+        sbatch_lines="\n".join(lines),
+        command=shlex.join(command),
+    )

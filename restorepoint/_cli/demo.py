@@ -28,11 +28,15 @@ from ..errors import MissingExtra, UsageError
 from ._common import print_json, run
 
 
-def _child(root: Path, out: Path, store: Path | None, log: Path) -> subprocess.Popen[str]:
+def _child(
+    root: Path, out: Path, store: Path | None, log: Path, step_delay: float = 0.0
+) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "restorepoint.testing.trainer", "--root", str(root),
            "--out", str(out)]  # fmt: skip
     if store is not None:
         cmd += ["--store", str(store) + "/"]
+    if step_delay:
+        cmd += ["--step-delay", str(step_delay)]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=os.environ.copy()
     )
@@ -95,7 +99,10 @@ def demo_command(
             target = rng.randint(3, total - 3)
             say(f"2/4 training on machine A; a SIGTERM will arrive after step {target} ...")
             a_root = base / "machine-a" / "runs"
-            child = _child(a_root, base / "unused.pt", store, base / "machine-a.log")
+            # A step takes milliseconds and the child does not wait for us to read its output:
+            # on a busy machine it could finish before a late SIGTERM arrives (exit 0, not 42).
+            # A short pause per step keeps it within reach of the signal.
+            child = _child(a_root, base / "unused.pt", store, base / "machine-a.log", 0.01)
             assert child.stdout is not None
             sent_at = None
             for line in child.stdout:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -96,8 +96,14 @@ def import_command(
                 out["resume_command"] = command
             print_json(out)
         if command is not None and exec_:
+            # Become the trainer: signals (a preemption's SIGTERM) reach it directly, and its
+            # exit code (42) is the command's.
             sys.stdout.flush()
-            raise typer.Exit(subprocess.call(command))
+            sys.stderr.flush()
+            try:
+                os.execvp(command[0], command)  # noqa: S606 - the adapter's own command
+            except OSError as exc:
+                raise UsageError(f"cannot run {command[0]!r}: {exc.strerror}") from None
         if json_:
             return
         pos = result.manifest.position

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -38,7 +39,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -91,6 +92,18 @@ def _signal_number(value: str | int) -> int:
         raise UsageError(f"unknown signal {value!r}") from None
 
 
+def _signal_name(signum: int) -> str:
+    """SIGTERM, SIGUSR1, ...; real-time signals have no enum member (signal.Signals(40) raises,
+    which inside a handler would crash the loop at the moment of preemption)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        rtmin = getattr(signal, "SIGRTMIN", None)
+        if rtmin is not None and signum > rtmin:
+            return f"SIGRTMIN+{signum - rtmin}"
+        return f"SIG{signum}"
+
+
 def default_stop_signals() -> tuple[int, ...]:
     """SIGTERM, and the signal submitit sends before preemption ($SUBMITIT_PREEMPT_SIGNAL,
     SIGUSR2 when unset)."""
@@ -103,11 +116,17 @@ def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        # No litter: a temporary file left in checkpoints/ would be packed with the state.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     _fsync_dir(path.parent)
 
 
@@ -134,6 +153,21 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_to_cpu(v) for v in value)
     return copy.deepcopy(value)
+
+
+def _worker_init(
+    signums: tuple[int, ...], user_init: Callable[[int], None] | None, worker_id: int
+) -> None:
+    """First thing in a DataLoader worker: ignore the run's signals. A scheduler signals the
+    whole job, workers included; the main process acts on the signal and shuts the workers
+    down itself. Left alone, a worker dies of it: torch's worker SIGTERM handler exits
+    unless the parent sent it, and a spawned worker has the default action for SIGUSR1/2.
+    Either fails the main process's DataLoader before it reaches the boundary. Workers still
+    end on their own: when the epoch's iterator is done, and when the main process dies."""
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
+    if user_init is not None:
+        user_init(worker_id)
 
 
 class EpochSampler(Sampler[int]):
@@ -244,6 +278,7 @@ class ResumableRun:
         self._cv = threading.Condition()
         self._start_epoch = 0
         self._start_batch = 0
+        self._upload_deadline: float | None = None
         self._rank, self._world = self._distributed()
 
     # -- configuration -----------------------------------------------------------------------
@@ -434,7 +469,7 @@ class ResumableRun:
             self._flags.stop = True
         else:
             self._flags.snapshot = True
-        self._flags.last_signal = signal.Signals(signum).name
+        self._flags.last_signal = _signal_name(signum)
         self._flags.received.append(signum)
 
     def _chain(self, signals: Iterable[int]) -> None:
@@ -520,12 +555,18 @@ class ResumableRun:
             if entry is not None and entry.step > local_step:
                 dest = self.run_dir / "imports" / f"step-{entry.step}"
                 if not dest.exists():
-                    import_restore_point(
-                        entry.url,
-                        dest,
-                        expect=Expectations(config=self.config),
-                        storage_options=self.storage_options,
-                    )
+                    try:
+                        import_restore_point(
+                            entry.url,
+                            dest,
+                            expect=Expectations(config=self.config),
+                            storage_options=self.storage_options,
+                        )
+                    except RestorePointError:
+                        # Ranks sharing the run directory import at once; the import is
+                        # renamed into place whole, so one that is there is the winner's.
+                        if not dest.exists():
+                            raise
                 return dest / self._rank_file(), "store"
         return (local, "run directory") if local_step >= 0 else (None, "")
 
@@ -585,7 +626,14 @@ class ResumableRun:
     ) -> torch.utils.data.DataLoader[Any]:
         """A DataLoader for the current epoch: ``sampler`` (the epoch's order, committed
         batches skipped) and ``generator`` (the epoch's, so the global RNG is not touched).
-        Other keyword arguments (num_workers, collate_fn, ...) go to the DataLoader."""
+        Other keyword arguments (num_workers, collate_fn, ...) go to the DataLoader; with
+        workers, they ignore the run's signals (see ``_worker_init``)."""
+        if kwargs.get("num_workers"):
+            kwargs["worker_init_fn"] = functools.partial(
+                _worker_init,
+                (self.snapshot_signal, *self.stop_signals),
+                kwargs.get("worker_init_fn"),
+            )
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=batch_size,
@@ -617,11 +665,27 @@ class ResumableRun:
         if flags["stop"]:
             self._stop()
         if flags["snapshot"] or due:
-            self.snapshot()
+            received: list[int] = []
             if flags["snapshot"]:
-                received = [s for s in self._flags.received if s == self.snapshot_signal]
+                # Taken before the copy: a request that arrives during this snapshot gets one of
+                # its own at the next boundary, and each signal is chained exactly once.
                 self._flags.snapshot = False
-                self._chain(received)
+                received = self._take_received({self.snapshot_signal})
+            self.snapshot()
+            self._chain(received)
+
+    def _take_received(self, wanted: set[int]) -> list[int]:
+        """Remove and return the signals in ``wanted`` received so far. pop() one at a time:
+        the handler may append between any two bytecodes, and no signal may be lost."""
+        taken: list[int] = []
+        received = self._flags.received
+        i = 0
+        while i < len(received):
+            if received[i] in wanted:
+                taken.append(received.pop(i))
+            else:
+                i += 1
+        return taken
 
     def _agree(self) -> dict[str, bool]:
         """Every rank acts on a signal at the same step: the flags are or-ed across ranks."""
@@ -648,18 +712,24 @@ class ResumableRun:
             "run": self.run_id,
             "world_size": self._world,
         }
-        pause = time.perf_counter() - started
-        self.last_pause_s = pause
         snap = _Snapshot(state, self.position, time.time())
         if self._world > 1:
             # Collectives stay on the main thread: every rank saves its own file, then rank 0
-            # publishes one restore point holding them all.
+            # publishes one restore point holding them all. No rank replaces its file while
+            # rank 0 still packs the previous snapshot: that pack would publish another step's
+            # state under this step's name, or files of two steps in one restore point.
+            if self.is_main:
+                self.wait()
+            self._barrier()
             self._save(snap)
             self._barrier()
             if self.is_main:
                 self._submit(snap)
         else:
             self._submit(snap)
+        # With a process group the pause includes the save; alone, only the copy.
+        pause = time.perf_counter() - started
+        self.last_pause_s = pause
         if wait:
             self.wait()
         self._event("snapshot", step=self.step, pause_s=round(pause, 6))
@@ -680,9 +750,11 @@ class ResumableRun:
             return self._cv.wait_for(lambda: self._outstanding == 0, timeout)
 
     def _stop(self) -> None:
-        signals = [s for s in self._flags.received if s in self.stop_signals]
+        signals = self._take_received(set(self.stop_signals))
         limit = self.max_resubmit_attempts
         self.snapshot()
+        # One upload_timeout for the whole stop: __exit__ waits only for what is left of it.
+        self._upload_deadline = time.monotonic() + self.upload_timeout
         finished = self.wait(self.upload_timeout)
         self._resubmits += 1
         over = limit is not None and self._resubmits > limit
@@ -782,7 +854,10 @@ class ResumableRun:
     def _finish_uploads(self) -> None:
         if self._worker is None:
             return
-        if not self.wait(self.upload_timeout):
+        timeout = self.upload_timeout
+        if self._upload_deadline is not None:
+            timeout = max(0.0, self._upload_deadline - time.monotonic())
+        if not self.wait(timeout):
             log.warning("an upload was still running after %.0f s; leaving it", self.upload_timeout)
             self._event("upload_abandoned", step=self.step)
             return

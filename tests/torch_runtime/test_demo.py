@@ -1,0 +1,80 @@
+"""`restorepoint demo`: the README's main command, run as a user runs it (a subprocess), with
+torch and without."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the demo needs torch")
+
+from clirun import cli, one_error_line
+
+from restorepoint.ops import list_store, verify
+
+pytestmark = pytest.mark.slow
+
+FIELDS = {
+    "bitwise_identical",
+    "import_seconds",
+    "imported_files",
+    "ok",
+    "pack_seconds",
+    "preempted_at_step",
+    "restore_point",
+    "signal_sent_after_step",
+    "snapshot_pause_seconds",
+    "steps_total",
+}
+
+
+def test_demo_json_is_bitwise_identical(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    proc = cli("demo", "--json", "--seed", "5", "--workdir", str(workdir))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert set(result) == FIELDS
+    assert result["bitwise_identical"] is True and result["ok"] is True
+    assert result["steps_total"] == 96
+    # The signal takes effect at the next effective-batch boundary, before the end.
+    assert result["signal_sent_after_step"] <= result["preempted_at_step"] < 96
+    for key in ("import_seconds", "pack_seconds", "snapshot_pause_seconds"):
+        assert isinstance(result[key], float) and result[key] >= 0, key
+    assert result["imported_files"] >= 1
+    (entry,) = list_store(f"{workdir / 'store'}/")
+    assert entry.url == result["restore_point"]
+    assert entry.step == result["preempted_at_step"]
+    assert verify(entry.url).manifest.position.step == entry.step
+
+
+def test_demo_refuses_a_non_empty_workdir(tmp_path: Path) -> None:
+    (tmp_path / "something").write_text("mine\n")
+    proc = cli("demo", "--workdir", str(tmp_path))
+    assert proc.returncode == 2
+    assert "is not empty" in one_error_line(proc)
+    assert [p.name for p in tmp_path.iterdir()] == ["something"]
+
+
+@pytest.mark.parametrize("json_flag", [False, True], ids=["text", "json"])
+def test_demo_without_torch_is_one_line_exit_2(json_flag: bool) -> None:
+    args = ["demo", "--json"] if json_flag else ["demo"]
+    # torch made unimportable in the child only: None in sys.modules makes `import torch`
+    # raise ImportError, as on a machine without the extra.
+    code = (
+        "import sys; sys.modules['torch'] = None; "
+        f"sys.argv = ['restorepoint', *{args!r}]; "
+        "from restorepoint._cli import main; main()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 2, proc.stderr
+    line = one_error_line(proc)
+    assert "pip install 'restorepoint[torch]'" in line
+    if json_flag:
+        error = json.loads(proc.stdout)["error"]
+        assert error["exit_code"] == 2

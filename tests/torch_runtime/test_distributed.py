@@ -1,0 +1,169 @@
+"""Two CPU ranks over gloo (two subprocesses, a file:// rendezvous in tmp_path: no port to
+choose): a DDP model on ResumableRun with a store. A stop requested on rank 0 only is agreed by
+both ranks, which exit 42 at the same step; one restore point holds both ranks' files; a
+2-rank resume ends bit for bit where an uninterrupted 2-rank run ends, from the run directory
+and from the store on a fresh machine. Without a process group the same code runs alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
+if not torch.distributed.is_available():
+    pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
+
+import _trainer_variants as tv  # noqa: E402
+
+from restorepoint.ops import import_restore_point, list_store, read_manifest  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(tv.__file__)
+TOTAL = tv.total_steps()
+
+
+@dataclass
+class Rank:
+    code: int
+    out: list[str]
+    err: str
+
+
+def launch(workdir: Path, tag: str, *args: str, world: int = 2) -> list[Rank]:
+    """Run every rank of one job to its end; ``--out`` of rank r is workdir/TAG-r.pt."""
+    env = {k: v for k, v in os.environ.items() if k != "SUBMITIT_PREEMPT_SIGNAL"}
+    if Path("/sys/class/net/lo").exists():
+        # gloo picks an interface by the host name otherwise, which need not resolve.
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    init = f"file://{workdir / f'rendezvous-{tag}'}"
+    procs = []
+    for r in range(world):
+        out = workdir / f"{tag}-{r}.pt"
+        cmd = [sys.executable, str(SCRIPT), "ddp", "--rank", str(r), "--world", str(world),
+               "--init", init, "--out", str(out), *args]  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+        )
+    ranks = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=150)
+            ranks.append(Rank(p.returncode, out.splitlines(), err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return ranks
+
+
+def final(workdir: Path, tag: str, rank: int) -> dict[str, Any]:
+    return torch.load(workdir / f"{tag}-{rank}.pt", weights_only=False)  # type: ignore[no-any-return]
+
+
+def rank_step(path: Path) -> int:
+    return int(torch.load(path, weights_only=False)["position"]["step"])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted 2-rank run. It snapshots every 4 steps into its own store with a slow
+    pack, which must change nothing about training (the preempted runs never snapshot
+    periodically) and publish each step's own files."""
+    work = tmp_path_factory.mktemp("ddp-reference")
+    ranks = launch(
+        work,
+        "ref",
+        *("--root", str(work / "runs"), "--store", f"{work / 'store'}/"),
+        *("--snapshot-every", "4", "--pack-delay", "0.3"),
+    )
+    assert [r.code for r in ranks] == [0, 0], ranks[0].err + ranks[1].err
+    return work
+
+
+def test_reference_ranks_agree_and_each_restore_point_holds_its_own_step(
+    reference: Path,
+) -> None:
+    a, b = final(reference, "ref", 0), final(reference, "ref", 1)
+    # DDP: both ranks hold the same weights after every step.
+    tv.assert_same_state(a["model"], b["model"], "model")
+    entries = list_store(f"{reference / 'store'}/")
+    assert sorted(e.step for e in entries) == [4, 8, 12, 16]
+    for entry in entries:
+        dest = reference / "imported" / str(entry.step)
+        import_restore_point(entry.url, dest)
+        assert [rank_step(dest / f"last.rank{r}.pt") for r in (0, 1)] == [entry.step] * 2
+        assert json.loads((dest / "position.json").read_text())["step"] == entry.step
+
+
+def test_stop_on_rank_0_is_agreed_published_once_and_resumes_bit_for_bit(
+    tmp_path: Path, reference: Path
+) -> None:
+    runs, store = tmp_path / "runs", f"{tmp_path / 'store'}/"
+    ranks = launch(tmp_path, "pre", "--root", str(runs), "--store", store, "--stop-at", "5")
+    assert [r.code for r in ranks] == [42, 42], ranks[0].err + ranks[1].err
+    # Rank 1 never asked: it stopped because the flag is or-ed across ranks at the boundary.
+    assert [r.out[-1] for r in ranks] == ["exit 42 at step 5"] * 2
+    (run_dir,) = runs.iterdir()
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["last.rank0.pt", "last.rank1.pt", "position.json"]
+    for r in (0, 1):
+        state = torch.load(run_dir / "checkpoints" / f"last.rank{r}.pt", weights_only=False)
+        assert (state["rank"], state["world_size"], state["position"]["step"]) == (r, 2, 5)
+    (entry,) = list_store(store)
+    assert (entry.step, entry.run) == (5, run_dir.name)
+    paths = sorted(e.path for e in read_manifest(entry.url).payload or ())
+    assert paths == ["last.rank0.pt", "last.rank1.pt", "position.json"]
+    status = json.loads((run_dir / "run_status.json").read_text())
+    assert (status["status"], status["step"], status["resubmit_count"]) == ("preempted", 5, 1)
+    events = tv.events(run_dir)
+    assert [e["step"] for e in events if e["event"] == "graceful_shutdown"] == [5]
+    assert [e["step"] for e in events if e["event"] == "uploaded"] == [5]
+
+    # The same machine: from the run directory.
+    ranks = launch(tmp_path, "local", "--root", str(runs), "--store", store)
+    assert [r.code for r in ranks] == [0, 0], ranks[0].err + ranks[1].err
+    assert all("resumed 5 0 5" in r.out for r in ranks)
+    # Another machine: nothing but the store; both ranks import at once.
+    fresh = tmp_path / "machine-b"
+    ranks = launch(tmp_path, "store", "--root", str(fresh), "--store", store)
+    assert [r.code for r in ranks] == [0, 0], ranks[0].err + ranks[1].err
+    assert all("resumed 5 0 5" in r.out for r in ranks)
+    assert list((fresh / run_dir.name / "imports").iterdir()) == [
+        fresh / run_dir.name / "imports" / "step-5"
+    ]
+    for tag in ("local", "store"):
+        for r in (0, 1):
+            tv.assert_same_state(final(reference, "ref", r), final(tmp_path, tag, r), f"{tag}{r}")
+
+
+def test_without_a_process_group_the_same_code_runs_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert not torch.distributed.is_initialized()
+    threads = torch.get_num_threads()
+    runs = tmp_path / "runs"
+    common = ["--world", "1", "--rank", "0", "--root", str(runs)]
+    try:
+        assert tv.ddp_main([*common, "--out", str(tmp_path / "a.pt"), "--stop-at", "5"]) == 42
+        assert capsys.readouterr().out.splitlines()[-1] == "exit 42 at step 5"
+        (run_dir,) = runs.iterdir()
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+            "last.pt",
+            "position.json",
+        ]
+        assert tv.ddp_main([*common, "--out", str(tmp_path / "b.pt")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out.splitlines()
+    assert "resumed 5 0 5" in out and out[-1] == f"step {TOTAL}"

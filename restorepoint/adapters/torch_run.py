@@ -245,6 +245,8 @@ class ResumableRun:
         self.seed = int(seed if seed is not None else self.config.get("seed", 0))
         self.run_id = run_id_for(self.identity, self.seed, name)
         self.run_dir = Path(run_dir) if run_dir is not None else Path(root) / self.run_id
+        # A supervisor (restorepoint run) passes its store down; an explicit one wins.
+        store = store if store is not None else os.environ.get("RESTOREPOINT_STORE") or None
         self.store = store if store is None or store.endswith("/") else store + "/"
         self.snapshot_every = self._resolve_every(snapshot_every)
         self.snapshot_signal = _signal_number(snapshot_signal)
@@ -332,9 +334,39 @@ class ResumableRun:
         self._install_handlers()
         self._worker = threading.Thread(target=self._work, name="rp-snapshots", daemon=True)
         self._worker.start()
+        self._report_up()
         return self
 
+    def _report_up(self) -> None:
+        """Handlers are installed: say so, to ``restorepoint snapshot`` (trainer.json in the run
+        directory) and to a supervisor ($RESTOREPOINT_READY_DIR/PID.json). A signal sent before
+        this would have found the default action, which for SIGUSR1 is to die."""
+        doc = {
+            "pid": os.getpid(),
+            "rank": self._rank,
+            "run": self.run_id,
+            "run_dir": str(self.run_dir.resolve()),
+            "snapshot_signal": self.snapshot_signal,
+        }
+        data = json.dumps(doc).encode() + b"\n"
+        self._reports: list[Path] = []
+        if self.is_main:
+            _atomic_write(self.run_dir / "trainer.json", data)
+            self._reports.append(self.run_dir / "trainer.json")
+        ready = os.environ.get("RESTOREPOINT_READY_DIR")
+        if ready:
+            with contextlib.suppress(OSError):
+                path = Path(ready) / f"{os.getpid()}.json"
+                _atomic_write(path, data)
+                self._reports.append(path)
+
+    def _report_down(self) -> None:
+        for path in getattr(self, "_reports", []):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._report_down()
         try:
             self._finish_uploads()
         finally:
@@ -538,6 +570,11 @@ class ResumableRun:
         return self.position
 
     def _newest_snapshot(self) -> tuple[Path | None, str]:
+        handed = os.environ.get("RESTOREPOINT_RESUME_DIR")
+        if handed and (Path(handed) / self._rank_file()).exists():
+            # A supervisor imported a restore point for us (restorepoint run --resume-from);
+            # resume() still checks that it is a snapshot of this very run.
+            return Path(handed) / self._rank_file(), "supervisor import"
         local = self.run_dir / "checkpoints" / self._rank_file()
         local_step = -1
         if local.exists():

@@ -228,6 +228,8 @@ class ResumableRun:
         max_resubmit_attempts: int | None = None,
         keep_last: int | None = None,
         upload_timeout: float = 300.0,
+        background_threads: int = 1,
+        background_nice: int | None = None,
         trainer: tuple[str, str] | None = None,
         terms: Mapping[str, str] | None = None,
         cache_keys: Mapping[str, str] | None = None,
@@ -256,6 +258,10 @@ class ResumableRun:
         self.max_resubmit_attempts = max_resubmit_attempts
         self.keep_last = keep_last
         self.upload_timeout = upload_timeout
+        # One encode thread by default: on a small machine the pack must leave the training
+        # thread a core (measured on 2 cores: benchmarks/bench_torch.py, docs/performance.md).
+        self.background_threads = max(1, background_threads)
+        self.background_nice = background_nice
         self.trainer = trainer or ("restorepoint.torch", __version__)
         self.terms = dict(terms) if terms is not None else self._default_terms()
         self.cache_keys = dict(cache_keys or {})
@@ -813,6 +819,12 @@ class ResumableRun:
     # -- background: save, pack, upload --------------------------------------------------------
 
     def _work(self) -> None:
+        if self.background_nice:
+            # Lower only this thread (and the pack threads it starts, which inherit it); an
+            # unprivileged process cannot raise it again, so it is opt-in: a stop request's
+            # publish then takes longer on a busy machine.
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.background_nice)
         while True:
             snap = self._pending.get()
             if snap is None:
@@ -863,6 +875,7 @@ class ResumableRun:
                 level=self.level,
                 run=self.run_id,
                 storage_options=self.storage_options,
+                threads=self.background_threads,
             )
             if self.keep_last:
                 prune(

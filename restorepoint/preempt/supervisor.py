@@ -117,17 +117,38 @@ class Supervisor:
             raise UsageError("give the trainer's command after --")
         if not self.store.endswith("/"):
             self.store += "/"
-        self._ready_dir = Path(tempfile.mkdtemp(prefix="restorepoint-ready-"))
+        if not self.self_publishing and self.workdir is None:
+            raise UsageError(
+                f"the {self.adapter.name if self.adapter else ''} adapter leaves publishing to "
+                "the supervisor, which needs the trainer's output directory: give --workdir"
+            )
+        # Made by run_trainer (and removed at its end): a Supervisor never run leaves nothing.
+        self._ready_dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._last_publish_s: float | None = None
         self._publishing: threading.Thread | None = None
         self._stopping = False
+        # A stop notice that came while a snapshot was awaited: handled right after.
+        self._deferred: Notice | None = None
+        # We stopped an external trainer after publishing its snapshot: resumable.
+        self._resumable_stop = False
+
+    @property
+    def self_publishing(self) -> bool:
+        """Whether the trainer publishes its snapshots itself (into $RESTOREPOINT_STORE): no
+        adapter (a restorepoint.torch run is assumed) or the torch adapter."""
+        if self.adapter is None:
+            return True
+        declared = getattr(self.adapter, "self_publishing", None)
+        return bool(declared) if declared is not None else self.adapter.name == "torch"
 
     # -- the trainer's processes ------------------------------------------------------------
 
     def ready(self) -> list[_Ready]:
         """Trainer processes that have reported themselves up (and are still alive)."""
-        out = []
+        out: list[_Ready] = []
+        if self._ready_dir is None:
+            return out
         for path in sorted(self._ready_dir.glob("*.json")):
             try:
                 doc = json.loads(path.read_text())
@@ -168,6 +189,7 @@ class Supervisor:
                 return command
         if url is None:
             return command
+        assert self._ready_dir is not None
         dest = self._ready_dir / "resume"
         started = time.perf_counter()
         result = import_restore_point(url, dest, storage_options=self.storage_options)
@@ -198,7 +220,16 @@ class Supervisor:
         self.telemetry.count(
             "notices", kind=notice.kind, source=notice.source, seconds_left=notice.seconds_left
         )
+        if self._stopping:
+            # The trainer was already told to stop (and snapshots on the way out). A second
+            # signal could reach it after its handlers are gone, and kill it.
+            log.info("notice (%s): the trainer is already stopping", notice.detail)
+            self.telemetry.record("missed", reason="already-stopping", kind=notice.kind)
+            return False
         ready = self.ready()
+        if not ready and not self.self_publishing and self._proc is not None:
+            # An external trainer writes no ready file: the adapter tells whether it is up.
+            ready = [_Ready(self._proc.pid, self.run, None)]
         if not ready:
             log.warning(
                 "notice (%s) but no trainer has reported itself up: nothing to snapshot",
@@ -206,15 +237,22 @@ class Supervisor:
             )
             self.telemetry.record("missed", reason="no-trainer-up", kind=notice.kind)
             if notice.kind == "stop":
+                self._stopping = True
                 self._terminate()
             return False
         left = notice.seconds_left
         needed = self._last_publish_s
-        if left is not None and needed is not None and left - self.margin_s < needed:
+        if left is not None and left - self.margin_s < (needed or 0.0):
+            why = (
+                f"the last publish took {needed:.1f} s"
+                if needed is not None and left - self.margin_s >= 0
+                else f"less than the {self.margin_s:g} s margin"
+            )
             log.warning(
-                "notice (%s): %.1f s left, the last publish took %.1f s: it may not land in "
-                "time; requesting it anyway, and the store's previous restore point stays the "
-                "newest if it does not", notice.detail, left, needed,
+                "notice (%s): %.1f s left, %s: the restore point may not land in time; "
+                "requesting it anyway and waiting up to the deadline; if it does not land, "
+                "the store's previous restore point stays the newest",
+                notice.detail, left, why,
             )  # fmt: skip
         else:
             log.info(
@@ -225,47 +263,68 @@ class Supervisor:
         runs = {r.run for r in ready}
         before = {run: self._store_names(run) for run in runs}
         started = time.perf_counter()
-        self_publishing = self.adapter is None or getattr(self.adapter, "self_publishing", False)
+        self_publishing = self.self_publishing
+        if notice.kind == "stop":
+            self._stopping = True
         if self_publishing:
             signum = signal.SIGTERM if notice.kind == "stop" else signal.SIGUSR1
             self._signal_ready(signum)
         else:
             assert self.adapter is not None
-            for r in ready:
-                self.adapter.request_snapshot(r.pid)
-        deadline = (
-            (notice.deadline - self.margin_s)
-            if notice.deadline
-            else (time.time() + self.snapshot_timeout_s)
+            try:
+                for r in ready:
+                    self.adapter.request_snapshot(r.pid)
+            except RestorePointError as exc:  # not up yet, or gone: nothing to snapshot
+                log.warning("notice (%s): no snapshot requested: %s", notice.detail, exc)
+                self.telemetry.record("missed", reason="not-up", kind=notice.kind)
+                if notice.kind == "stop":
+                    self._terminate()
+                return False
+        if notice.deadline:
+            # Inside the margin already: what is left of the time up to the deadline is
+            # still worth waiting for.
+            deadline = notice.deadline - self.margin_s
+            if deadline <= time.time():
+                deadline = notice.deadline
+        else:
+            deadline = time.time() + self.snapshot_timeout_s
+        published = self._await_publication(
+            runs, before, deadline, self_publishing, interruptible=notice.kind == "snapshot"
         )
-        published = self._await_publication(runs, before, deadline, self_publishing)
         elapsed = time.perf_counter() - started
         in_time = published and time.time() <= (notice.deadline or float("inf"))
         if published:
             self._last_publish_s = elapsed
             self.telemetry.count("uploads", seconds=elapsed, kind=notice.kind)
+            self.telemetry.record(
+                "published",
+                kind=notice.kind,
+                notice_to_published_s=time.time() - notice.received,
+                in_time=in_time,
+            )
+        elif self._deferred is not None:
+            self.telemetry.record("missed", reason="superseded-by-stop", kind=notice.kind)
         else:
             self.telemetry.count("upload_failures", kind=notice.kind)
-        self.telemetry.record(
-            "published" if published else "missed",
-            kind=notice.kind,
-            notice_to_published_s=elapsed if published else None,
-            in_time=in_time,
-        )
+            self.telemetry.record("missed", kind=notice.kind, in_time=False)
         if notice.kind == "stop" and not self_publishing:
+            self._resumable_stop = published
             self._terminate()
         return in_time
 
     def _await_publication(
         self, runs: set[str | None], before: dict[str | None, set[str]], deadline: float,
-        self_publishing: bool,
+        self_publishing: bool, interruptible: bool = False,
     ) -> bool:  # fmt: skip
         """Wait until each run has a new restore point in the store (the trainer published it),
         or, for an adapter that leaves publishing to us, until a new committed snapshot exists,
-        which is then published here."""
+        which is then published here. A wait for a snapshot (``interruptible``) gives way to a
+        stop notice: a snapshot that does not land must not hold up the stop."""
         if not self_publishing:
-            return self._publish_external(deadline)
+            return self._publish_external(deadline, interruptible)
         while time.time() < deadline:
+            if interruptible and self._stop_notice_waiting():
+                return False
             if all(self._store_names(run) - before[run] for run in runs):
                 self.telemetry.count("snapshots")
                 return True
@@ -275,26 +334,48 @@ class Supervisor:
             time.sleep(0.1)
         return False
 
-    def _publish_external(self, deadline: float) -> bool:
+    def _stop_notice_waiting(self) -> bool:
+        """Take the notices queued meanwhile: a stop notice is kept for right after this wait
+        (True); a snapshot notice is covered by the snapshot being awaited."""
+        if self.watcher is None:
+            return False
+        while self._deferred is None:
+            try:
+                notice = self.watcher.notices.get_nowait()
+            except queue.Empty:
+                return False
+            if notice.kind == "stop":
+                self._deferred = notice
+            else:
+                log.info("notice (%s): a snapshot is already on its way", notice.detail)
+        return True
+
+    def _publish_external(self, deadline: float, interruptible: bool = False) -> bool:
         assert self.adapter is not None
         assert self.workdir is not None
         previous = self.adapter.newest_snapshot(self.workdir)
         prev_step = previous.step if previous is not None else -1
         while time.time() < deadline:
+            if interruptible and self._stop_notice_waiting():
+                return False
             snap = self.adapter.newest_snapshot(self.workdir)
             if snap is not None and snap.step > prev_step:
                 self.telemetry.count("snapshots", step=snap.step)
                 info = self.adapter.trainer()
-                result = pack(
-                    snap.root,
-                    self.store,
-                    position=snap.position,
-                    trainer=(info.name, info.version),
-                    terms=dict(info.terms),
-                    include=list(snap.files),
-                    run=self.run,
-                    storage_options=self.storage_options,
-                )
+                try:
+                    result = pack(
+                        snap.root,
+                        self.store,
+                        position=snap.position,
+                        trainer=(info.name, info.version),
+                        terms=dict(info.terms),
+                        include=list(snap.files),
+                        run=self.run,
+                        storage_options=self.storage_options,
+                    )
+                except RestorePointError as exc:
+                    log.warning("the snapshot at step %d was not published: %s", snap.step, exc)
+                    return False
                 self.telemetry.record(
                     "upload", bytes=result.size, seconds=result.seconds, step=snap.step
                 )
@@ -310,36 +391,57 @@ class Supervisor:
 
     def run_trainer(self) -> int:
         env = os.environ.copy()
-        env[READY_ENV] = str(self._ready_dir)
+        ready_dir = self._ready_dir = Path(tempfile.mkdtemp(prefix="restorepoint-ready-"))
+        env[READY_ENV] = str(ready_dir)
         env[STORE_ENV] = self.store
         previous: dict[signal.Signals, Any] = {}
         try:
             command = self._prepare_resume(env)
             self._proc = subprocess.Popen(command, env=env)
-            for signum in FORWARDED:
-                previous[signum] = signal.signal(signum, self._forward)
+            if threading.current_thread() is threading.main_thread():
+                for signum in FORWARDED:
+                    previous[signum] = signal.signal(signum, self._forward)
+            else:
+                log.info("not in the main thread: signals are not forwarded to the trainer")
             if self.watcher is not None:
                 self.watcher.start()
             while self._proc.poll() is None:
                 if self.watcher is None:
                     time.sleep(0.2)
                     continue
+                notice, self._deferred = self._deferred, None
+                if notice is None:
+                    try:
+                        notice = self.watcher.notices.get(timeout=0.2)
+                    except queue.Empty:
+                        continue
                 try:
-                    notice = self.watcher.notices.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-                self.handle(notice)
+                    self.handle(notice)
+                except Exception as exc:  # supervision goes on: the trainer still runs
+                    log.warning("notice (%s) not handled: %s", notice.detail, exc)
+                    self.telemetry.count("upload_failures", kind=notice.kind)
             code = self._proc.wait()
+        except BaseException:
+            # No orphan: a trainer left running would train on unsupervised after we are gone.
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(self.snapshot_timeout_s)
+            raise
         finally:
             if self.watcher is not None:
                 self.watcher.stop()
             for signum, handler in previous.items():
                 with contextlib.suppress(ValueError, TypeError):
                     signal.signal(signum, handler)
-            shutil.rmtree(self._ready_dir, ignore_errors=True)
-        self.telemetry.record("exit", exit_code=code, **{
-            k: v for k, v in self.telemetry.counts.items()
-        })  # fmt: skip
-        if code < 0:  # killed by a signal: report it the shell way
-            return 128 - code
+            shutil.rmtree(ready_dir, ignore_errors=True)
+            self._ready_dir = None
+        if self._resumable_stop and code in (-signal.SIGTERM, 128 + signal.SIGTERM):
+            # An external trainer knows nothing of 42; we stopped it after its restore point
+            # was published, so the run can be resumed and the scheduler should requeue it.
+            log.info("trainer stopped after its restore point was published: exit 42")
+            code = EXIT_RESUMABLE
+        elif code < 0:  # killed by a signal: report it the shell way
+            code = 128 - code
+        self.telemetry.record("exit", exit_code=code, **self.telemetry.counts)
         return code

@@ -188,46 +188,50 @@ class GcpWatcher(Watcher):
         super().__init__()
         self.endpoint = _http_endpoint(endpoint)
         self.timeout_s = timeout_s
+        # On the instance, not in the loops: a loop restarted after an error must not announce
+        # the same preemption or maintenance event a second time.
+        self._preempted_fired = False
+        self._maintenance_last = "NONE"
 
     def _loops(self) -> list[object]:
         return [self._preempted, self._maintenance]
 
-    def _wait(self, key: str, etag: str | None) -> tuple[str, str | None]:
-        url = f"{self.endpoint}/computeMetadata/v1/instance/{key}?wait_for_change=true"
-        url += f"&timeout_sec={self.timeout_s}"
-        if etag:
-            url += f"&last_etag={etag}"
+    def _wait(self, key: str, etag: str | None, wait: bool) -> tuple[str, str | None]:
+        url = f"{self.endpoint}/computeMetadata/v1/instance/{key}"
+        if wait:
+            url += f"?wait_for_change=true&timeout_sec={self.timeout_s}"
+            if etag:
+                url += f"&last_etag={etag}"
         req = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})  # noqa: S310
         with urllib.request.urlopen(req, timeout=self.timeout_s + 5) as resp:  # noqa: S310
             return resp.read().decode().strip(), resp.headers.get("ETag")
 
     def _watch(self, key: str, fire: object) -> None:
+        # The first request reads the value as it is: a wait_for_change without an ETag waits
+        # for the NEXT change, and would sit out a preemption announced before the watcher
+        # started until timeout_s passes, most of the 30 seconds of notice.
         etag = None
+        wait = False
         while not self._stop.is_set():
-            value, etag = self._wait(key, etag)
+            value, etag = self._wait(key, etag, wait)
+            wait = True
             fire(value)  # type: ignore[operator]
 
     def _preempted(self) -> None:
-        fired = False
-
         def fire(value: str) -> None:
-            nonlocal fired
-            if value.upper() == "TRUE" and not fired:
-                fired = True
+            if value.upper() == "TRUE" and not self._preempted_fired:
+                self._preempted_fired = True
                 now = time.time()
                 self.notices.put(Notice("stop", "gcp", now, now + GCP_NOTICE_S, "preempted"))
 
         self._watch("preempted", fire)
 
     def _maintenance(self) -> None:
-        last = "NONE"
-
         def fire(value: str) -> None:
-            nonlocal last
-            if value != last and value.upper() != "NONE":
+            if value != self._maintenance_last and value.upper() != "NONE":
                 self.notices.put(
                     Notice("snapshot", "gcp", time.time(), None, f"maintenance-event: {value}")
                 )
-            last = value
+            self._maintenance_last = value
 
         self._watch("maintenance-event", fire)

@@ -22,8 +22,8 @@ _TEMPLATE = """\
 # - the batch shell ignores TERM, so the step's handler owns preemption;
 # - the batch shell forwards USR1 to the step as {stop_signal}, the trainer's stop request: it
 #   snapshots, publishes its restore point and exits {resumable};
-# - on exit {resumable} the job requeues itself, at most {max_resubmits} times (reaching the time
-#   limit never requeues by itself); on requeue SLURM_RESTART_COUNT is 1, 2, ...
+# - on exit {resumable} a job still running requeues itself, at most {max_resubmits} times
+#   (reaching the time limit never requeues by itself); on requeue SLURM_RESTART_COUNT is 1, 2, ...
 set -u
 max_resubmits={max_resubmits}
 restarts="${{SLURM_RESTART_COUNT:-0}}"
@@ -39,19 +39,33 @@ trap forward USR1
 echo "restorepoint: job $SLURM_JOB_ID start, restart count $restarts" >&2
 srun --kill-on-bad-exit=1 {command} &
 child=$!
-# wait returns early whenever a trapped signal arrives: wait until the step is really gone.
-code=0
-while true; do
+# wait returns early whenever a trapped signal arrives: wait until the step is really gone,
+# then once more for its status (bash keeps it): a step that exited just after the signal
+# interrupted a wait would otherwise leave that wait's 128+N as the exit code.
+while kill -0 "$child" 2>/dev/null; do
     wait "$child"
-    code=$?
-    kill -0 "$child" 2>/dev/null || break
 done
+wait "$child"
+code=$?
 echo "restorepoint: step exited $code" >&2
 if [ "$code" -eq {resumable} ]; then
+    # Requeue only a job that is still running. scancel, scontrol requeue and the end of a
+    # preemption's GraceTime TERM the step too, and the trainer answers TERM with 42: the job
+    # is then already COMPLETING, and a requeue here would undo a cancel (Slurm requeues a
+    # preempted job itself under PreemptMode=REQUEUE).
+    state="$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*')"
+    if [ -n "$state" ] && [ "$state" != "JobState=RUNNING" ]; then
+        echo "restorepoint: resumable exit, but the job is ${{state#JobState=}}: no requeue" >&2
+        exit "$code"
+    fi
     if [ "$restarts" -lt "$max_resubmits" ]; then
         echo "restorepoint: resumable exit: requeue $((restarts + 1)) of $max_resubmits" >&2
-        scontrol requeue "$SLURM_JOB_ID"
-        exit 0
+        if scontrol requeue "$SLURM_JOB_ID"; then
+            exit 0
+        fi
+        # Not requeued (the job is not requeueable, say): the job must not end COMPLETED.
+        echo "restorepoint: scontrol requeue failed" >&2
+        exit "$code"
     fi
     echo "restorepoint: resumable exit, but the resubmit limit ($max_resubmits) is reached" >&2
 fi

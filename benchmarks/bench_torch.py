@@ -8,11 +8,11 @@ A model of 1024x1024 Linear layers with an Adam optimizer (two moments per param
 state_dicts are three times the parameters) trains on a fixed batch. Each round runs five
 segments, in an order shuffled from round to round:
 
-- ResumableRun with zstd level 1 (the default), with level=None (store only), and with zstd
-  level 1 and its background thread at nice 19 (a mitigation the caller can apply), each with
-  a local store: ``--steps`` timed steps, then ``--snapshots`` times: a real SIGUSR1 sent to
-  this process just before a commit(), steps until the background save + pack + publish of
-  that snapshot is done, and 20 quiet steps;
+- ResumableRun with zstd level 1 and its background thread at nice +19 (the defaults), with
+  level=None (store only), and with zstd level 1 and background_nice=None (the background at
+  the training thread's priority), each with a local store: ``--steps`` timed steps, then
+  ``--snapshots`` times: a real SIGUSR1 sent to this process just before a commit(), steps
+  until the background save + pack + publish of that snapshot is done, and 20 quiet steps;
 - a plain loop that, on the same SIGUSR1, calls torch.save(state, path) + fsync in the loop;
 - the same with torch.save to an in-memory buffer.
 
@@ -36,7 +36,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,16 +52,13 @@ SETTLE_S = 0.5
 GAP_STEPS = 20
 #: A background snapshot that takes longer than this is reported as not finished.
 BACKGROUND_LIMIT_S = 60.0
-#: The name ResumableRun gives its background thread (the nice-19 row renices it).
-SNAPSHOT_THREAD = "rp-snapshots"
-NICE = 19
 PAUSE_TARGET_S = 0.3
 SLOWDOWN_TARGET = 0.15
 
 VARIANTS = {
-    "rp_zstd1": "ResumableRun, zstd 1 (default)",
+    "rp_zstd1": "ResumableRun, zstd 1, nice +19 (default)",
     "rp_store": "ResumableRun, level=None (store only)",
-    "rp_nice": "ResumableRun, zstd 1, worker at nice 19",
+    "rp_full": "ResumableRun, zstd 1, background_nice=None",
     "save_fsync": "plain loop: torch.save + fsync",
     "save_buffer": "plain loop: torch.save to BytesIO",
 }
@@ -264,16 +260,6 @@ def uploaded_at(run_dir: Path, step: int) -> float | None:
     return None
 
 
-def lower_priority(thread_name: str, nice: int) -> None:
-    """Give a running thread a nice value. On Linux the value is per thread, and the threads
-    it starts later (pack's encode, hash and write threads) inherit it."""
-    found = [t for t in threading.enumerate() if t.name == thread_name and t.native_id]
-    if not found:
-        raise RuntimeError(f"no thread named {thread_name!r} to renice")
-    for t in found:
-        os.setpriority(os.PRIO_PROCESS, t.native_id or 0, nice)
-
-
 def run_restorepoint(
     trainer: Trainer,
     steps: int,
@@ -281,7 +267,7 @@ def run_restorepoint(
     workdir: Path,
     name: str,
     level: int | None,
-    nice: int | None = None,
+    nice: int | None = 19,
 ) -> Segment:
     from restorepoint.torch import ResumableRun
 
@@ -292,10 +278,10 @@ def run_restorepoint(
         shutil.rmtree(path, ignore_errors=True)
     store.mkdir(parents=True)
     config = {"bench": "bench_torch", "segment": name, "width": WIDTH}
-    with ResumableRun(config, run_dir=run_dir, store=f"{store}/", level=level) as run:
+    with ResumableRun(
+        config, run_dir=run_dir, store=f"{store}/", level=level, background_nice=nice
+    ) as run:
         run.track(model=trainer.model, optimizer=trainer.optimizer)
-        if nice is not None:
-            lower_priority(SNAPSHOT_THREAD, nice)
         timed_steps(trainer, run.commit, steps, seg)
         for _ in range(snapshots):
             before = run.last_pause_s
@@ -431,7 +417,7 @@ def targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "pass": r["pause_s"]["median"] <= PAUSE_TARGET_S,
             }
         )
-    for variant in ("rp_zstd1", "rp_store", "rp_nice"):
+    for variant in ("rp_zstd1", "rp_store", "rp_full"):
         r = results[variant]
         slow = r.get("slowdown")
         goals.append(
@@ -495,7 +481,7 @@ def print_table(
         f"{'slowdown':>9} {'best':>8} {'bg s':>6} {'pack s':>6} {'steps':>5} {'lost s':>6} "
         f"{'others':>6}"
     )
-    for v in ("rp_zstd1", "rp_store", "rp_nice"):
+    for v in ("rp_zstd1", "rp_store", "rp_full"):
         slow = results[v].get("slowdown")
         pct = "" if slow is None else f"{100 * slow['median']:8.1f}% {100 * slow['best']:7.1f}%"
         print(
@@ -587,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     runners: dict[str, Callable[[str], Segment]] = {
         "rp_zstd1": lambda n: run_restorepoint(trainer, args.steps, snaps, workdir, n, 1),
         "rp_store": lambda n: run_restorepoint(trainer, args.steps, snaps, workdir, n, None),
-        "rp_nice": lambda n: run_restorepoint(trainer, args.steps, snaps, workdir, n, 1, NICE),
+        "rp_full": lambda n: run_restorepoint(trainer, args.steps, snaps, workdir, n, 1, None),
         "save_fsync": lambda n: run_plain(trainer, args.steps, snaps, workdir, n, True),
         "save_buffer": lambda n: run_plain(trainer, args.steps, snaps, workdir, n, False),
     }

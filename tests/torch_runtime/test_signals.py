@@ -565,3 +565,117 @@ def test_upload_to_an_unreachable_s3_store_fails_and_training_goes_on(
         tmp_path / "runs", config=config, store=store, storage_options=options, auto_resume=False
     )
     check_failed_uploads(out, "StorageUnavailable")
+
+
+# -- the background thread's priority ----------------------------------------------------------
+
+
+def packs_with_priority(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record (step, nice of the calling thread) for every pack the run starts."""
+    from restorepoint.adapters import torch_run
+
+    seen: list[tuple[int, int]] = []
+    real_pack = torch_run.pack
+
+    def spy_pack(*args: Any, **kwargs: Any) -> Any:
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen.append((kwargs["position"].step, nice))
+        return real_pack(*args, **kwargs)
+
+    monkeypatch.setattr(torch_run, "pack", spy_pack)
+    return seen
+
+
+def every(steps: int) -> dict[str, Any]:
+    config = json.loads(json.dumps(tv.CONFIG))
+    config["train"]["snapshot_every"] = steps
+    return config
+
+
+def worker_nice(found: list[int]) -> tv.Hook:
+    """A before_commit hook that records the background thread's nice value at step 3."""
+
+    def hook(run: ResumableRun, step: int) -> None:
+        worker = run._worker
+        if step == 3 and worker is not None and worker.native_id is not None:
+            found.append(os.getpriority(os.PRIO_PROCESS, worker.native_id))
+
+    return hook
+
+
+def test_the_background_runs_at_low_priority_and_a_stop_publishes_at_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("raising a thread's priority back needs root (or RLIMIT_NICE)")
+    seen = packs_with_priority(monkeypatch)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    low = min(19, base + 19)
+    before: list[int] = []
+    out = tv.train(
+        tmp_path / "runs",
+        config=every(5),
+        store=f"{tmp_path / 'store'}/",
+        stop_at=12,
+        before_commit=worker_nice(before),
+    )
+    assert out.code == 42
+    assert before == [low]
+    # The stop's pack runs at full priority. A periodic pack that started before the stop ran
+    # low, one that started after it (training outran the background) full: once given back,
+    # the priority stays.
+    assert seen[-1] == (12, base), seen
+    nices = [nice for _, nice in seen]
+    assert set(nices) <= {low, base} and nices == sorted(nices, reverse=True), seen
+    # The main thread (training) was never lowered.
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+
+
+def test_without_privilege_the_stop_still_publishes_at_low_priority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unprivileged process may lower a thread's priority but not raise it again."""
+    real = os.setpriority
+
+    def unprivileged(which: int, who: int, prio: int) -> None:
+        if prio < os.getpriority(which, who):
+            raise PermissionError(13, "Permission denied")
+        real(which, who, prio)
+
+    monkeypatch.setattr(os, "setpriority", unprivileged)
+    seen = packs_with_priority(monkeypatch)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    store = f"{tmp_path / 'store'}/"
+    before: list[int] = []
+    out = tv.train(
+        tmp_path / "runs",
+        config=every(5),
+        store=store,
+        stop_at=12,
+        before_commit=worker_nice(before),
+    )
+    assert out.code == 42 and out.run is not None
+    assert before == [min(19, base + 19)]
+    assert len(seen) >= 2 and {nice for _, nice in seen} == {min(19, base + 19)}, seen
+    (shutdown,) = kinds(out.run.run_dir, "graceful_shutdown")
+    assert shutdown["upload_finished"] is True
+    assert 12 in [e.step for e in list_store(store)]
+
+
+def test_background_nice_none_keeps_the_training_priority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = packs_with_priority(monkeypatch)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    before: list[int] = []
+    out = tv.train(
+        tmp_path / "runs",
+        config=every(5),
+        store=f"{tmp_path / 'store'}/",
+        stop_at=12,
+        background_nice=None,
+        before_commit=worker_nice(before),
+    )
+    assert out.code == 42
+    assert before == [base]
+    assert len(seen) >= 2 and {nice for _, nice in seen} == {base}, seen

@@ -165,18 +165,6 @@ def start_cli(tmp_path: Path) -> Iterator[Callable[..., Cli]]:
                 c.proc.wait()
 
 
-@pytest.fixture
-def aws() -> Iterator[AwsEmulator]:
-    with AwsEmulator() as emu:
-        yield emu
-
-
-@pytest.fixture
-def gcp() -> Iterator[GcpEmulator]:
-    with GcpEmulator() as emu:
-        yield emu
-
-
 def up(run_dir: Path) -> None:
     until(lambda: (run_dir / "trainer.json").exists(), what="the trainer to report itself up")
 

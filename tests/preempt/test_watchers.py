@@ -24,18 +24,6 @@ WAIT = 20.0
 
 
 @pytest.fixture
-def aws() -> Iterator[AwsEmulator]:
-    with AwsEmulator() as emu:
-        yield emu
-
-
-@pytest.fixture
-def gcp() -> Iterator[GcpEmulator]:
-    with GcpEmulator() as emu:
-        yield emu
-
-
-@pytest.fixture
 def started() -> Iterator[list[Watcher]]:
     """Watchers a test starts; stopped at the end (before the emulator, which then releases
     their long-polls)."""

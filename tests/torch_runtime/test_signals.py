@@ -603,23 +603,34 @@ def worker_nice(found: list[int]) -> tv.Hook:
     return hook
 
 
+def stopped_at_12(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **run_kwargs: Any
+) -> tuple[tv.Outcome, list[tuple[int, int]], list[int], str]:
+    """A run with snapshots every 5 steps, stopped before committing step 12: its outcome,
+    (step, nice) of every pack it started, the background thread's nice at step 3, the store."""
+    seen = packs_with_priority(monkeypatch)
+    before: list[int] = []
+    store = f"{tmp_path / 'store'}/"
+    out = tv.train(
+        tmp_path / "runs",
+        config=every(5),
+        store=store,
+        stop_at=12,
+        before_commit=worker_nice(before),
+        **run_kwargs,
+    )
+    assert out.code == 42 and out.run is not None
+    return out, seen, before, store
+
+
 def test_the_background_runs_at_low_priority_and_a_stop_publishes_at_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if os.geteuid() != 0:
         pytest.skip("raising a thread's priority back needs root (or RLIMIT_NICE)")
-    seen = packs_with_priority(monkeypatch)
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     low = min(19, base + 19)
-    before: list[int] = []
-    out = tv.train(
-        tmp_path / "runs",
-        config=every(5),
-        store=f"{tmp_path / 'store'}/",
-        stop_at=12,
-        before_commit=worker_nice(before),
-    )
-    assert out.code == 42
+    _, seen, before, _ = stopped_at_12(tmp_path, monkeypatch)
     assert before == [low]
     # The stop's pack runs at full priority. A periodic pack that started before the stop ran
     # low, one that started after it (training outran the background) full: once given back,
@@ -643,20 +654,11 @@ def test_without_privilege_the_stop_still_publishes_at_low_priority(
         real(which, who, prio)
 
     monkeypatch.setattr(os, "setpriority", unprivileged)
-    seen = packs_with_priority(monkeypatch)
-    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    store = f"{tmp_path / 'store'}/"
-    before: list[int] = []
-    out = tv.train(
-        tmp_path / "runs",
-        config=every(5),
-        store=store,
-        stop_at=12,
-        before_commit=worker_nice(before),
-    )
-    assert out.code == 42 and out.run is not None
-    assert before == [min(19, base + 19)]
-    assert len(seen) >= 2 and {nice for _, nice in seen} == {min(19, base + 19)}, seen
+    low = min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 19)
+    out, seen, before, store = stopped_at_12(tmp_path, monkeypatch)
+    assert before == [low]
+    assert len(seen) >= 2 and {nice for _, nice in seen} == {low}, seen
+    assert out.run is not None
     (shutdown,) = kinds(out.run.run_dir, "graceful_shutdown")
     assert shutdown["upload_finished"] is True
     assert 12 in [e.step for e in list_store(store)]
@@ -665,17 +667,7 @@ def test_without_privilege_the_stop_still_publishes_at_low_priority(
 def test_background_nice_none_keeps_the_training_priority(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = packs_with_priority(monkeypatch)
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    before: list[int] = []
-    out = tv.train(
-        tmp_path / "runs",
-        config=every(5),
-        store=f"{tmp_path / 'store'}/",
-        stop_at=12,
-        background_nice=None,
-        before_commit=worker_nice(before),
-    )
-    assert out.code == 42
+    _, seen, before, _ = stopped_at_12(tmp_path, monkeypatch, background_nice=None)
     assert before == [base]
     assert len(seen) >= 2 and {nice for _, nice in seen} == {base}, seen

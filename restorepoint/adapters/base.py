@@ -28,6 +28,8 @@ __all__ = [
     "TrainerInfo",
     "available_adapters",
     "load_adapter",
+    "preempt_signal",
+    "signal_number",
 ]
 
 ENTRY_POINT_GROUP = "restorepoint.adapters"
@@ -81,6 +83,28 @@ class Adapter(Protocol):
         """The command that resumes training from the restore point unpacked in ``restored``
         (``base``: the trainer's own command line, where the adapter adds to one)."""
         ...
+
+
+def signal_number(value: str | int) -> int:
+    """A signal given as a number or a name, with or without SIG: 15, "TERM", "SIGUSR2"."""
+    if isinstance(value, int):
+        return value
+    text = value.strip().upper()
+    if text.isdigit():
+        return int(text)
+    name = text if text.startswith("SIG") else f"SIG{text}"
+    try:
+        return int(getattr(signal, name))
+    except AttributeError:
+        raise UsageError(f"unknown signal {value!r}") from None
+
+
+def preempt_signal(value: str | int | None = None) -> int:
+    """The preemption signal: ``value``, else ``$SUBMITIT_PREEMPT_SIGNAL``, else SIGUSR2 (what
+    submitit sends by default)."""
+    if value is None:
+        value = os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "SIGUSR2"
+    return signal_number(value)
 
 
 def send_signal(pid: int, signum: int = signal.SIGUSR1) -> None:

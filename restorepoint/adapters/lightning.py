@@ -38,7 +38,7 @@ from typing import Any
 from ..errors import MissingExtra, NotFound, UsageError
 from ..format import Manifest, Position
 from ..ops import Expectations, describe, import_restore_point, latest, pack, prune
-from .base import Snapshot, TrainerInfo, send_signal
+from .base import Snapshot, TrainerInfo, preempt_signal, send_signal
 
 try:
     import torch
@@ -67,23 +67,6 @@ log = logging.getLogger("restorepoint.lightning")
 #: The checkpoint a preempted job leaves and a requeued one resumes from.
 LAST = "last.ckpt"
 _PARTIAL = LAST + ".preempt"
-
-
-def preempt_signal(value: str | int | None = None) -> int:
-    """The preemption signal: ``value`` (a number or a name, with or without SIG), else
-    ``$SUBMITIT_PREEMPT_SIGNAL``, else SIGUSR2 (what submitit sends by default)."""
-    if value is None:
-        value = os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "SIGUSR2"
-    if isinstance(value, int):
-        return value
-    text = value.strip().upper()
-    if text.isdigit():
-        return int(text)
-    name = text if text.startswith("SIG") else f"SIG{text}"
-    try:
-        return int(getattr(signals, name))
-    except AttributeError:
-        raise UsageError(f"unknown signal {value!r}") from None
 
 
 def _trainer_info() -> TrainerInfo:

@@ -54,6 +54,7 @@ from ..errors import IncompatibleRestorePoint, NotFound, RestorePointError, Usag
 from ..format import Position, config_identity, diff_configs
 from ..ops import Expectations, import_restore_point, latest, load_config, pack, prune
 from ..ops._config import check_json_data
+from .base import preempt_signal, signal_number
 
 __all__ = [
     "EXIT_RESUMABLE",
@@ -79,19 +80,6 @@ def run_id_for(identity: str, seed: int, name: str | None = None) -> str:
     return f"{prefix}-{digest}"
 
 
-def _signal_number(value: str | int) -> int:
-    if isinstance(value, int):
-        return value
-    text = value.strip().upper()
-    if text.isdigit():
-        return int(text)
-    name = text if text.startswith("SIG") else f"SIG{text}"
-    try:
-        return int(getattr(signal, name))
-    except AttributeError:
-        raise UsageError(f"unknown signal {value!r}") from None
-
-
 def _signal_name(signum: int) -> str:
     """SIGTERM, SIGUSR1, ...; real-time signals have no enum member (signal.Signals(40) raises,
     which inside a handler would crash the loop at the moment of preemption)."""
@@ -107,8 +95,7 @@ def _signal_name(signum: int) -> str:
 def default_stop_signals() -> tuple[int, ...]:
     """SIGTERM, and the signal submitit sends before preemption ($SUBMITIT_PREEMPT_SIGNAL,
     SIGUSR2 when unset)."""
-    preempt = os.environ.get("SUBMITIT_PREEMPT_SIGNAL")
-    return (int(signal.SIGTERM), _signal_number(preempt) if preempt else int(signal.SIGUSR2))
+    return (int(signal.SIGTERM), preempt_signal())
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -251,9 +238,9 @@ class ResumableRun:
         store = store if store is not None else os.environ.get("RESTOREPOINT_STORE") or None
         self.store = store if store is None or store.endswith("/") else store + "/"
         self.snapshot_every = self._resolve_every(snapshot_every)
-        self.snapshot_signal = _signal_number(snapshot_signal)
+        self.snapshot_signal = signal_number(snapshot_signal)
         self.stop_signals = tuple(
-            _signal_number(s) for s in (stop_signals if stop_signals else default_stop_signals())
+            signal_number(s) for s in (stop_signals if stop_signals else default_stop_signals())
         )
         self.max_resubmit_attempts = max_resubmit_attempts
         self.keep_last = keep_last

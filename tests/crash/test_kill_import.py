@@ -21,7 +21,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +30,8 @@ import pytest
 
 import restorepoint
 from restorepoint.testing.store import payload
+
+from ._ready import spawn_ready
 
 pytestmark = pytest.mark.slow
 
@@ -85,19 +86,7 @@ def restore_points(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str,
 
 
 def _spawn(url: str, dest: Path, flags: list[str], linger: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(IMPORTER), url, str(dest), str(linger), *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if line != "ready\n":
-        proc.kill()
-        _, err = proc.communicate()
-        pytest.fail(f"the importer did not start: {line!r} {err[-2000:]}")
-    return proc
+    return spawn_ready(IMPORTER, [url, str(dest), str(linger), *flags], "importer")
 
 
 def _leftovers(parent: Path, dest: Path, pid: int) -> list[str]:

@@ -18,7 +18,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -30,6 +29,8 @@ import pytest
 
 import restorepoint
 from restorepoint.testing.store import payload
+
+from ._ready import spawn_ready
 
 pytestmark = pytest.mark.slow
 
@@ -154,20 +155,7 @@ class S3Target(Target):
 
 
 def _spawn(source: Path, target: Target, linger: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(PACKER), str(source), target.url, str(linger)],
-        env=target.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if line != "ready\n":
-        proc.kill()
-        _, err = proc.communicate()
-        pytest.fail(f"the packer did not start: {line!r} {err[-2000:]}")
-    return proc
+    return spawn_ready(PACKER, [str(source), target.url, str(linger)], "packer", target.env)
 
 
 def _verified(target: Target) -> str:

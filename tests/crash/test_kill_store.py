@@ -30,7 +30,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -43,6 +42,8 @@ import pytest
 
 import restorepoint
 from restorepoint.testing.store import payload
+
+from ._ready import spawn_ready
 
 pytestmark = pytest.mark.slow
 
@@ -297,20 +298,7 @@ def s3_store(
 
 
 def _spawn(store: Store, args: list[str], linger: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(WORKER), *args, store.url, str(linger)],
-        env=store.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if line != "ready\n":
-        proc.kill()
-        _, err = proc.communicate()
-        pytest.fail(f"the worker did not start: {line!r} {err[-2000:]}")
-    return proc
+    return spawn_ready(WORKER, [*args, store.url, str(linger)], "worker", store.env)
 
 
 @dataclass

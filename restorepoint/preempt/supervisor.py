@@ -323,11 +323,13 @@ class Supervisor:
         if not self_publishing:
             return self._publish_external(deadline, interruptible)
         while time.time() < deadline:
-            if interruptible and self._stop_notice_waiting():
-                return False
+            # Publication first: a stop notice queued just after the snapshot landed does not
+            # make that snapshot a miss.
             if all(self._store_names(run) - before[run] for run in runs):
                 self.telemetry.count("snapshots")
                 return True
+            if interruptible and self._stop_notice_waiting():
+                return False
             if self._proc is not None and self._proc.poll() is not None:
                 # The trainer exited (42 after a stop): its last upload is done or failed.
                 return all(self._store_names(run) - before[run] for run in runs)
@@ -356,10 +358,11 @@ class Supervisor:
         previous = self.adapter.newest_snapshot(self.workdir)
         prev_step = previous.step if previous is not None else -1
         while time.time() < deadline:
-            if interruptible and self._stop_notice_waiting():
-                return False
             snap = self.adapter.newest_snapshot(self.workdir)
-            if snap is not None and snap.step > prev_step:
+            if snap is None or snap.step <= prev_step:
+                if interruptible and self._stop_notice_waiting():
+                    return False
+            else:
                 self.telemetry.count("snapshots", step=snap.step)
                 info = self.adapter.trainer()
                 try:

@@ -26,8 +26,9 @@ from clirun import cli, one_error_line  # noqa: E402
 
 from restorepoint.adapters.torch_run import run_id_for  # noqa: E402
 from restorepoint.format import config_identity  # noqa: E402
-from restorepoint.ops import list_store, verify  # noqa: E402
+from restorepoint.ops import list_store, pack, verify  # noqa: E402
 from restorepoint.preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry  # noqa: E402
+from restorepoint.preempt.watchers import Notice  # noqa: E402
 from restorepoint.testing.trainer import CONFIG, OPERATIONAL  # noqa: E402
 
 from .emulators import AwsEmulator, GcpEmulator  # noqa: E402
@@ -305,6 +306,29 @@ def test_gcp_maintenance_snapshots_then_preemption_stops_in_time(
     verify(entries[0].url)
     published = [e for e in telemetry(tele) if e["event"] == "published"]
     assert [(e["kind"], e["in_time"]) for e in published] == [("snapshot", True), ("stop", True)]
+
+
+def test_a_stop_notice_queued_after_the_snapshot_landed_does_not_make_it_a_miss(
+    tmp_path: Path,
+) -> None:
+    """The race the GCP test above can hit: the snapshot is in the store by the time the
+    supervisor next looks, and a stop notice is already queued. The snapshot counts as
+    published, and the stop notice stays queued for the main loop to handle next."""
+    store = tmp_path / "store"
+    watcher = GcpWatcher("http://127.0.0.1:9", timeout_s=1)  # never started: no polling
+    supervisor = Supervisor(["true"], store=store_url(store), watcher=watcher, run=RUN_ID)
+    before = {RUN_ID: set[str]()}
+    payload = tmp_path / "ckpt"
+    payload.mkdir()
+    (payload / "model.pt").write_bytes(b"weights" * 1000)
+    pack(payload, store_url(store), position=7, run=RUN_ID)
+    stop = Notice("stop", "gcp", time.time(), time.time() + 30, "preempted")
+    watcher.notices.put(stop)
+    published = supervisor._await_publication(
+        {RUN_ID}, before, time.time() + 10, self_publishing=True, interruptible=True
+    )
+    assert published
+    assert watcher.notices.get_nowait() is stop
 
 
 def test_snapshot_wait_gives_way_to_a_stop_notice(

@@ -100,7 +100,7 @@ def default_stop_signals() -> tuple[int, ...]:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write a small file so that a reader (or a crash) sees the old or the new one whole."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
@@ -274,6 +274,9 @@ class ResumableRun:
         # Snapshots handed over and not yet saved and uploaded (a coalesced one counts once).
         self._outstanding = 0
         self._cv = threading.Condition()
+        # The main thread and the snapshot worker both append events: stamped and written under
+        # one lock, so events.jsonl is in time order.
+        self._events_lock = threading.Lock()
         self._start_epoch = 0
         self._start_batch = 0
         self._upload_deadline: float | None = None
@@ -451,15 +454,17 @@ class ResumableRun:
     def _event(self, kind: str, **fields: Any) -> None:
         if not self.is_main:
             return
-        line = json.dumps({"event": kind, "time": _now(), **fields}, sort_keys=True) + "\n"
         # One write of one line, then fsync: a crash leaves whole lines (at most one torn last
         # line, which readers skip).
-        fd = os.open(self.run_dir / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        path = self.run_dir / "events.jsonl"
+        with self._events_lock:
+            line = json.dumps({"event": kind, "time": _now(), **fields}, sort_keys=True) + "\n"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     @property
     def tracker_run_id(self) -> str | None:

@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -310,6 +311,39 @@ def test_status_and_events_are_whole_after_every_write(
     assert len([json.loads(line) for line in data.splitlines()]) == tv.total_steps()
     # Every temporary file was renamed into place.
     assert [p.name for p in run_dir.rglob(".*")] == []
+
+
+def test_events_from_the_worker_and_the_main_thread_stay_in_time_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot worker (uploaded) and the training thread (snapshot) append events at the
+    same moments; a line stamped first is written first. Stamping gives the other thread a
+    chance to run, so an unlocked writer interleaves here nearly every time."""
+    real_now = torch_run._now
+
+    def yielding_now() -> str:
+        stamp = real_now()
+        time.sleep(0.0005)
+        return stamp
+
+    monkeypatch.setattr(torch_run, "_now", yielding_now)
+    run = make(root=tmp_path)
+    run.run_dir.mkdir(parents=True)
+
+    def append(kind: str) -> None:
+        for i in range(100):
+            run._event(kind, step=i)
+
+    threads = [threading.Thread(target=append, args=(k,)) for k in ("snapshot", "uploaded")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    events = tv.events(run.run_dir)
+    assert len(events) == 200
+    assert [e["time"] for e in events] == sorted(e["time"] for e in events)
+    for kind in ("snapshot", "uploaded"):
+        assert [e["step"] for e in events if e["event"] == kind] == list(range(100))
 
 
 # -- tracker run id ------------------------------------------------------------------------

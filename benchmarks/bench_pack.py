@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _common import fs_type
+
 MIB = 1 << 20
 GIB = 1 << 30
 READ_SIZE = 4 * MIB
@@ -381,22 +383,6 @@ def measure_rss(source: Path, total: int, workdir: Path, multiples: list[int]) -
 
 
 # -- report ----------------------------------------------------------------------------------
-
-
-def fs_type(path: Path) -> str:
-    """The file system type of the mount that holds ``path`` (ext4, tmpfs, ...)."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/mounts", encoding="utf-8") as f:
-            mounts = [line.split()[1:3] for line in f if len(line.split()) >= 3]
-    except OSError:
-        return kind
-    for point, fs in mounts:
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fs
-    return kind
 
 
 def summarize(tools: list[Tool], total: int) -> dict[str, dict[str, Any]]:

@@ -43,6 +43,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from _common import fs_type
+
 HINT = "bench_torch.py needs torch: pip install 'restorepoint[torch]'"
 WIDTH = 1024
 WARMUP_STEPS = 5
@@ -364,22 +366,6 @@ def run_plain(
 
 
 # -- report ----------------------------------------------------------------------------------
-
-
-def fs_type(path: Path) -> str:
-    """The file system type of the mount that holds ``path`` (ext4, tmpfs, ...)."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/mounts", encoding="utf-8") as f:
-            mounts = [line.split()[1:3] for line in f if len(line.split()) >= 3]
-    except OSError:
-        return kind
-    for point, fs in mounts:
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fs
-    return kind
 
 
 def aggregate(segments: dict[str, list[Segment]]) -> dict[str, dict[str, Any]]:

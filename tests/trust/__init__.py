@@ -7,8 +7,23 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import restorepoint
 
 FOOTER = struct.Struct("<QQ32sQ8s")
+#: Small chunks, so that a payload of a few chunks has boundaries to attack.
+CHUNK = 65536
+
+
+def pack(source: Path, dest: Path, **options: Any) -> restorepoint.PackResult:
+    """restorepoint.pack with the small chunks and the defaults these tests share."""
+    options.setdefault("position", 7)
+    options.setdefault("chunk_size", CHUNK)
+    options.setdefault("threads", 2)
+    options.setdefault("terms", {"torch": "2.13.0"})
+    return restorepoint.pack(source, str(dest), **options)
 
 
 @dataclass(frozen=True)

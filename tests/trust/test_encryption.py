@@ -12,7 +12,6 @@ import random
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -32,7 +31,8 @@ from restorepoint.testing import Parts, assemble
 from restorepoint.testing.forge import ForgedEntry, encrypt
 from restorepoint.trust import FEATURE, SCHEME, PublicKey, key_id, raw_public
 
-CHUNK = 65536
+from . import CHUNK, pack
+
 MARKER = b"restorepoint plaintext marker: if you can read this, it leaked!!"
 assert len(MARKER) == 64
 FILE_KEY = bytes(range(32))
@@ -75,14 +75,6 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "sub" / "state.json").write_bytes(b'{"step": 7, "marker": "' + MARKER + b'"}')
     (root / "empty.bin").write_bytes(b"")
     return root
-
-
-def pack(source: Path, dest: Path, **options: Any) -> restorepoint.PackResult:
-    options.setdefault("position", 7)
-    options.setdefault("chunk_size", CHUNK)
-    options.setdefault("threads", 2)
-    options.setdefault("terms", {"torch": "2.13.0"})
-    return restorepoint.pack(source, str(dest), **options)
 
 
 def tree(root: Path) -> dict[str, bytes]:

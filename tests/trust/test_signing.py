@@ -32,9 +32,18 @@ from restorepoint.ops._open import open_head, open_manifest
 from restorepoint.testing import Parts, assemble
 from restorepoint.trust import PAYLOAD_TYPE, key_id, pae, raw_public, signature_block, statement
 
-from . import Bytes, digests, head_bytes, regions, signature_of, with_head, with_signature
+from . import (
+    CHUNK,
+    Bytes,
+    digests,
+    head_bytes,
+    pack,
+    regions,
+    signature_of,
+    with_head,
+    with_signature,
+)
 
-CHUNK = 65536
 OTHER_ID = "fedcba9876543210fedcba9876543210"
 
 
@@ -63,14 +72,6 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "sub").mkdir()
     (root / "sub" / "state.json").write_bytes(b'{"step": 7}')
     return root
-
-
-def pack(source: Path, dest: Path, **options: Any) -> restorepoint.PackResult:
-    options.setdefault("position", 7)
-    options.setdefault("chunk_size", CHUNK)
-    options.setdefault("threads", 2)
-    options.setdefault("terms", {"torch": "2.13.0"})
-    return restorepoint.pack(source, str(dest), **options)
 
 
 @pytest.fixture(scope="module")

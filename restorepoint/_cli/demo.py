@@ -74,8 +74,11 @@ def demo_command(
             import torch
         except ImportError as exc:
             raise MissingExtra("torch", "torch", "the demo") from exc
-        from ..ops import Expectations, import_restore_point, latest
-        from ..testing.trainer import CONFIG
+        from ..format import Trainer
+        from ..ops import Expectations, latest
+        from ..ops.resume import resume_import
+        from ..runtime.detect import torch_terms
+        from ..testing.trainer import CONFIG, TRAINER
 
         with tempfile.TemporaryDirectory(prefix="restorepoint-demo-") as tmp:
             base = workdir or Path(tmp)
@@ -122,11 +125,15 @@ def demo_command(
             entry = latest(str(store) + "/", run=run_dir.name)
             b_run = base / "machine-b" / "runs" / run_dir.name
             started = time.perf_counter()
-            imported = import_restore_point(
-                entry.url,
-                b_run / "checkpoints",
-                expect=Expectations(config=json.loads(json.dumps(CONFIG))),
+            # Machine B's view of itself, as the trainer's own ResumableRun would have it.
+            here = Expectations(
+                trainer=Trainer(*TRAINER),
+                terms=torch_terms(),
+                cache_keys={},
+                cache_root=None,
+                config=json.loads(json.dumps(CONFIG)),
             )
+            imported = resume_import(entry.url, b_run / "checkpoints", views=[here])
             import_s = time.perf_counter() - started
 
             say("4/4 resuming on machine B to the end ...")
@@ -135,8 +142,8 @@ def demo_command(
             )
             _finish(resumed, "resumed", base / "machine-b.log")
 
-            a = torch.load(base / "reference.pt", weights_only=False)
-            b = torch.load(base / "resumed.pt", weights_only=False)
+            a = torch.load(base / "reference.pt", weights_only=True)
+            b = torch.load(base / "resumed.pt", weights_only=True)
             same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]) and (
                 _equal_state(a["optimizer"], b["optimizer"], torch)
             )

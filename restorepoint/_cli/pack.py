@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -10,10 +11,11 @@ import typer
 
 from ..adapters.base import load_adapter
 from ..errors import RestorePointError, UsageError
-from ..format import Position
+from ..format import Position, Trainer
 from ..ops import load_config, pack
 from ..ops._naming import entry_name, is_store_url
 from ..ops.gate import handoff_document, write_handoff
+from ..ops.local_view import DATA_KEY, data_digest
 from ..ops.store import prune
 from ..trust import load_public, load_signing_key
 from ._common import (
@@ -52,6 +54,10 @@ def pack_command(
         list[str] | None, typer.Option(help="Version term K=V that must match on import.")
     ] = None,
     cache_root: Annotated[str | None, typer.Option(help="Cache root of the run.")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Data directory: its digest is a cache key (data, or the adapter's)."),
+    ] = None,
     run_id: Annotated[
         str | None,
         typer.Option("--run", help="Run id (default: derived from the config identity)."),
@@ -93,16 +99,32 @@ def pack_command(
             raise UsageError("--batch needs --epoch")
         trainer_pair = parse_trainer(trainer)
         terms = parse_pairs(term, "--term")
+        keys = parse_pairs(key, "--key")
+        root = cache_root
+        operational_keys = list(operational or [])
+        config_data = load_config(config) if config is not None else None
         include = None
         source_dir = source
+        if adapter is None and data is not None:
+            keys = {DATA_KEY: data_digest(data), **keys}
         if adapter is not None:
             chosen = load_adapter(adapter, **parse_pairs(adapter_option, "--adapter-option"))
             snap = chosen.newest_snapshot(source)
             if snap is None:
                 raise UsageError(f"{source}: the {adapter} adapter finds no committed snapshot")
-            info = chosen.trainer()
-            trainer_pair = trainer_pair or (info.name, info.version)
-            terms = {**info.terms, **terms}
+            # The head is this machine's local view, so that the same view elsewhere passes
+            # the gate; the options override what the adapter detects.
+            view = chosen.local_view(config=config_data, data=data, cache_root=cache_root)
+            if isinstance(view.trainer, Trainer):
+                trainer_pair = trainer_pair or (view.trainer.name, view.trainer.version)
+            if isinstance(view.terms, Mapping):
+                terms = {**view.terms, **terms}
+            if isinstance(view.cache_keys, Mapping):
+                keys = {**view.cache_keys, **keys}
+            if root is None and isinstance(view.cache_root, str):
+                root = view.cache_root
+            # The trainer's own operational keys (its snapshot interval) never move the run.
+            operational_keys = [*operational_keys, *getattr(chosen, "operational_keys", ())]
             source_dir, include = snap.root, list(snap.files)
             if step is None:
                 position = snap.position
@@ -122,10 +144,10 @@ def pack_command(
                 trainer=trainer_pair,
                 terms=terms,
                 include=include,
-                config=load_config(config) if config is not None else None,
-                operational_keys=operational or [],
-                cache_keys=parse_pairs(key, "--key"),
-                cache_root=cache_root,
+                config=config_data,
+                operational_keys=operational_keys,
+                cache_keys=keys,
+                cache_root=root,
                 level=level,
                 run=run_id,
                 sign=[load_signing_key(p) for p in sign or []],

@@ -19,6 +19,7 @@ import codecs
 import contextlib
 import fnmatch
 import glob as globbing
+import itertools
 import math
 import os
 import queue
@@ -39,8 +40,10 @@ from types import FrameType, TracebackType
 from typing import IO, Any, NoReturn
 
 from ..errors import UsageError
-from ..format import Manifest, Position
+from ..format import Manifest, Position, Trainer
 from ..format.identity import check_operational_key, config_identity
+from ..ops.gate import Expectations
+from ..ops.local_view import cache_root_from_env, data_digest
 from .base import Snapshot, TrainerInfo, send_signal
 
 if sys.version_info >= (3, 11):
@@ -67,6 +70,7 @@ _FORBIDDEN_SIGNALS = {"SIGKILL", "SIGSTOP", "SIGTERM", "SIGINT", "SIGQUIT", "SIG
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _LINES = re.compile(r"\r\n|\r|\n")
 _REQUIRED: Any = object()
+_ABSENT: Any = object()
 
 
 # -- profiles ------------------------------------------------------------------------------------
@@ -107,6 +111,14 @@ class Profile:
     operational_keys: tuple[str, ...]
     terms: Mapping[str, str]
     source: str
+    #: the flag before the data directory in the trainer's command (from the start template)
+    data_flag: str | None = None
+    #: the cache key the data digest goes under
+    data_key: str = ""
+    #: config keys the trainer's cache depends on ([] : the whole config identity)
+    cache_config_keys: tuple[str, ...] = ()
+    #: the config key that names the cache root, if the trainer has one
+    cache_root_key: str | None = None
 
     @property
     def signal_name(self) -> str:
@@ -368,6 +380,18 @@ def _parse_profile(data: Mapping[str, Any], label: str) -> Profile:
             config.fail("operational", str(exc))
     config.done()
 
+    cache = top.table("cache")
+    data_flag = cache.text("data_flag", _data_flag(command))
+    data_key = cache.text("data_key", f"{name}.data")
+    cache_config_keys = cache.texts("config_keys", (), nonempty=False)
+    cache_root_key = cache.text("root_key", None)
+    for key in (*cache_config_keys, *([cache_root_key] if cache_root_key else [])):
+        try:
+            check_operational_key(key)
+        except ValueError as exc:
+            cache.fail("config_keys", str(exc))
+    cache.done()
+
     terms = top.strings("terms")
     top.done()
     return Profile(
@@ -402,7 +426,19 @@ def _parse_profile(data: Mapping[str, Any], label: str) -> Profile:
         operational_keys=tuple(sorted(set(operational))),
         terms=terms,
         source=label,
+        data_flag=data_flag,
+        data_key=data_key,
+        cache_config_keys=tuple(cache_config_keys),
+        cache_root_key=cache_root_key,
     )
+
+
+def _data_flag(command: Sequence[str]) -> str | None:
+    """The flag that the start template puts before ``{data}`` (``-d`` in ``-d {data}``)."""
+    for flag, value in itertools.pairwise(command):
+        if value == "{data}" and flag.startswith("-"):
+            return flag
+    return None
 
 
 def _render(
@@ -589,10 +625,104 @@ class ExternalAdapter:
             node = node[part]
         return _check_every(node, self.profile)
 
-    def cache_keys(self, config: Mapping[str, Any]) -> dict[str, str]:
-        """Cache keys of a run of this trainer on ``config``: its identity without the
-        operational keys, so the snapshot interval never invalidates a cache."""
-        return {f"{self.profile.name}.config": config_identity(config, self.operational_keys)}
+    def cache_keys(
+        self, config: Mapping[str, Any], data: str | os.PathLike[str] | None = None
+    ) -> dict[str, str]:
+        """Cache keys of a run of this trainer on ``config`` (and ``data``): the identity of
+        the config terms the profile lists (``[cache] config_keys``; by default the whole
+        config without its operational keys, so the snapshot interval never invalidates a
+        cache), and with ``data`` its data digest (``[cache] data_key``)."""
+        keys = {f"{self.profile.name}.config": self._config_key(config)}
+        if data is not None:
+            keys[self.profile.data_key] = data_digest(data)
+        return keys
+
+    def _config_key(self, config: Mapping[str, Any]) -> str:
+        listed = self.profile.cache_config_keys
+        if not listed:
+            return config_identity(config, self.operational_keys)
+        picked: dict[str, Any] = {}
+        for key in listed:
+            node: Any = config
+            for part in key.split("."):
+                node = node.get(part, _ABSENT) if isinstance(node, Mapping) else _ABSENT
+            if node is not _ABSENT:
+                picked[key] = node
+        return config_identity(picked, ())
+
+    def data_of(self, command: Sequence[str]) -> str | None:
+        """The data directory the trainer's ``command`` names (after the profile's data flag,
+        ``-d DATA`` or ``-d=DATA``), or None."""
+        flag = self.profile.data_flag
+        if flag is None:
+            return None
+        found = None
+        for i, arg in enumerate(command):
+            if arg == flag and i + 1 < len(command):
+                found = command[i + 1]
+            elif arg.startswith(flag + "="):
+                found = arg[len(flag) + 1 :]
+        return found
+
+    def cache_root_of(self, config: Mapping[str, Any] | None) -> str | None:
+        key = self.profile.cache_root_key
+        if key is None or config is None:
+            return None
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        return node if isinstance(node, str) else None
+
+    def local_view(
+        self,
+        config: Mapping[str, Any] | None = None,
+        data: Path | None = None,
+        *,
+        cache_root: str | None = None,
+        command: Sequence[str] = (),
+    ) -> Expectations:
+        """What this machine has for this trainer: the binary's own ``--version`` (name and
+        version, the profile's version terms, the commit), the cache root (given, else the
+        config's ``[cache] root_key``, else ``$RESTOREPOINT_CACHE_ROOT``), the cache keys
+        computed from the config and the data directory (``data``, else the one the trainer's
+        ``command`` names after its data flag), and the config. A field that cannot be
+        computed here is left unknown."""
+        info = self.trainer()
+        values: dict[str, Any] = {
+            "trainer": Trainer(info.name, info.version),
+            "terms": dict(info.terms),
+        }
+        sources = {
+            "trainer": f"detected: {shlex.join(self.binary)} --version",
+            "terms": (
+                f"detected: {shlex.join(self.binary)} --version, the {self.profile.name} profile"
+            ),
+        }
+        root, root_source = cache_root, "--cache-root"
+        if root is None:
+            root, root_source = self.cache_root_of(config), f"config {self.profile.cache_root_key}"
+        if root is None:
+            root, root_source = cache_root_from_env(), "RESTOREPOINT_CACHE_ROOT"
+        if root is not None:
+            values["cache_root"] = root
+            sources["cache_root"] = root_source
+        where = os.fspath(data) if data is not None else self.data_of(command)
+        if config is not None:
+            values["config"] = dict(config)
+            sources["config"] = "--config"
+        keys: dict[str, str] = {}
+        computed = []
+        if config is not None:
+            keys[f"{self.profile.name}.config"] = self._config_key(config)
+            computed.append("config")
+        if where is not None:
+            keys[self.profile.data_key] = data_digest(where)
+            flag = "--data" if data is not None else f"the trainer's {self.profile.data_flag}"
+            computed.append(f"data digest of {flag}")
+        if keys:
+            values["cache_keys"] = keys
+            sources["cache_keys"] = "computed: " + ", ".join(computed)
+        return Expectations(**values, sources=sources)
 
     # -- starting ---------------------------------------------------------------------------------
 

@@ -49,11 +49,27 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from .. import __version__
+from .._text import printable
+from .._version import __version__
 from ..errors import IncompatibleRestorePoint, NotFound, RestorePointError, UsageError
-from ..format import Position, config_identity, diff_configs
-from ..ops import Expectations, import_restore_point, latest, load_config, pack, prune
+from ..format import Position, Trainer, config_identity, diff_configs
+from ..ops import Expectations, latest, load_config, pack, prune
 from ..ops._config import check_json_data
+from ..ops.gate import decide, refuse
+from ..ops.local_view import cache_root_from_env
+from ..ops.resume import choose, read_head_file, resume_import
+from ..runtime.contract import (
+    EXIT_RESUMABLE,
+    READY_ENV,
+    REFUSED_FILE,
+    RESUME_DIR_ENV,
+    RESUME_HEAD_ENV,
+    SIGNING_KEY_ENV,
+    STORE_ENV,
+)
+from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
+from ..runtime.safe_load import safe_load
+from ..trust import Trust, load_signing_key
 from .base import preempt_signal, signal_number
 
 __all__ = [
@@ -65,10 +81,16 @@ __all__ = [
 
 log = logging.getLogger("restorepoint.torch")
 
-#: The documented exit code of a run that stopped on request and can be resumed.
-EXIT_RESUMABLE = 42
 STATE_FORMAT = "restorepoint.torch/1"
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+#: What a refusal says to give, in the runtime's words.
+RUNTIME_HINTS = {
+    "trainer": "give ResumableRun(trainer=...)",
+    "terms": "give ResumableRun(terms=...)",
+    "cache_root": "give ResumableRun(cache_root=...) or RESTOREPOINT_CACHE_ROOT",
+    "cache_keys": "give ResumableRun(cache_keys=...)",
+    "config": "give ResumableRun(config)",
+}
 
 
 def run_id_for(identity: str, seed: int, name: str | None = None) -> str:
@@ -219,12 +241,18 @@ class ResumableRun:
         background_nice: int | None = 19,
         trainer: tuple[str, str] | None = None,
         terms: Mapping[str, str] | None = None,
-        cache_keys: Mapping[str, str] | None = None,
+        cache_keys: Mapping[str, str]
+        | Callable[[Mapping[str, Any]], Mapping[str, str]]
+        | None = None,
         cache_root: str | None = None,
         level: int | None = 1,
         auto_resume: bool = True,
+        accept_older: bool = False,
         storage_options: dict[str, Any] | None = None,
         run_dir: str | os.PathLike[str] | None = None,
+        trust: Trust | None = None,
+        sign: str | os.PathLike[str] | None = None,
+        safe_globals: Sequence[Callable[..., Any]] = (),
     ) -> None:
         if not isinstance(config, Mapping):
             config = load_config(os.fspath(config))
@@ -235,7 +263,7 @@ class ResumableRun:
         self.run_id = run_id_for(self.identity, self.seed, name)
         self.run_dir = Path(run_dir) if run_dir is not None else Path(root) / self.run_id
         # A supervisor (restorepoint run) passes its store down; an explicit one wins.
-        store = store if store is not None else os.environ.get("RESTOREPOINT_STORE") or None
+        store = store if store is not None else os.environ.get(STORE_ENV) or None
         self.store = store if store is None or store.endswith("/") else store + "/"
         self.snapshot_every = self._resolve_every(snapshot_every)
         self.snapshot_signal = signal_number(snapshot_signal)
@@ -252,12 +280,36 @@ class ResumableRun:
         # the training threads first (measured: the step-time slowdown fell from 33% to none).
         # A stop request gives it this process's priority back where it may (_unthrottle).
         self.background_nice = background_nice
+        # The local view: what this run is, for the head of every restore point it packs and
+        # for the gate of every restore point it resumes from (spec section 16).
         self.trainer = trainer or ("restorepoint.torch", __version__)
-        self.terms = dict(terms) if terms is not None else self._default_terms()
-        self.cache_keys = dict(cache_keys or {})
+        self._sources = {
+            "trainer": "ResumableRun(trainer=...)" if trainer else "restorepoint.torch (default)",
+            "terms": TORCH_TERMS_SOURCE + (", ResumableRun(terms=...)" if terms else ""),
+            "config": "ResumableRun(config)",
+        }
+        self.terms = {**torch_terms(), **dict(terms or {})}
+        if callable(cache_keys):
+            cache_keys = cache_keys(self.config)
+            self._sources["cache_keys"] = "ResumableRun(cache_keys=...), computed"
+        else:
+            self._sources["cache_keys"] = "ResumableRun(cache_keys=...)"
+        self.cache_keys = {str(k): str(v) for k, v in dict(cache_keys or {}).items()}
+        if cache_root is None:
+            cache_root = cache_root_from_env()
+            self._sources["cache_root"] = (
+                "RESTOREPOINT_CACHE_ROOT" if cache_root else "ResumableRun(cache_root=None)"
+            )
+        else:
+            self._sources["cache_root"] = "ResumableRun(cache_root=...)"
         self.cache_root = cache_root
         self.level = level
         self.auto_resume = auto_resume
+        self.accept_older = accept_older
+        self.trust = trust
+        self.safe_globals = tuple(safe_globals)
+        sign = sign if sign is not None else os.environ.get(SIGNING_KEY_ENV) or None
+        self._signers = [load_signing_key(sign)] if sign is not None else []
         self.storage_options = storage_options
         self.objects: dict[str, Any] = {}
         self.step = 0
@@ -280,6 +332,9 @@ class ResumableRun:
         self._start_epoch = 0
         self._start_batch = 0
         self._upload_deadline: float | None = None
+        # The error resume() raised, if any: under a supervisor it ends the trainer with its
+        # exit code (3 for a gate refusal) instead of a traceback.
+        self._refused: RestorePointError | None = None
         self._rank, self._world = self._distributed()
 
     # -- configuration -----------------------------------------------------------------------
@@ -296,12 +351,18 @@ class ResumableRun:
             raise UsageError(f"snapshot_every must be a non-negative integer, not {every!r}")
         return every
 
-    @staticmethod
-    def _default_terms() -> dict[str, str]:
-        terms = {"torch": torch.__version__.split("+")[0]}
-        if torch.version.cuda:
-            terms["cuda"] = str(torch.version.cuda)
-        return terms
+    def local_view(self) -> Expectations:
+        """What this run expects of a restore point it resumes from: its trainer, the terms
+        detected here (and those given), its cache root and cache keys, and its config (by
+        identity), each with where it came from."""
+        return Expectations(
+            trainer=Trainer(*self.trainer),
+            terms=dict(self.terms),
+            cache_keys=dict(self.cache_keys),
+            cache_root=self.cache_root,
+            config=self.config,
+            sources=dict(self._sources),
+        )
 
     @staticmethod
     def _distributed() -> tuple[int, int]:
@@ -353,12 +414,25 @@ class ResumableRun:
         if self.is_main:
             _atomic_write(self.run_dir / "trainer.json", data)
             self._reports.append(self.run_dir / "trainer.json")
-        ready = os.environ.get("RESTOREPOINT_READY_DIR")
+        ready = os.environ.get(READY_ENV)
         if ready:
             with contextlib.suppress(OSError):
                 path = Path(ready) / f"{os.getpid()}.json"
                 _atomic_write(path, data)
                 self._reports.append(path)
+
+    def _report_refusal(self, exc: RestorePointError) -> None:
+        """One line and the mismatches on stderr, as the CLI prints them; the refused fields
+        (names only) for the supervisor's telemetry."""
+        lines = [f"restorepoint: error: {printable(str(exc))}"]
+        lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        fields = [m["field"] for m in getattr(exc, "mismatches", ())]
+        ready = os.environ.get(READY_ENV)
+        if ready and self.is_main:
+            doc = {"class": type(exc).__name__, "fields": fields, "pid": os.getpid()}
+            with contextlib.suppress(OSError):
+                _atomic_write(Path(ready) / REFUSED_FILE, json.dumps(doc).encode() + b"\n")
 
     def _report_down(self) -> None:
         for path in getattr(self, "_reports", []):
@@ -371,6 +445,10 @@ class ResumableRun:
             self._finish_uploads()
         finally:
             self._restore_handlers()
+        if exc is not None and exc is self._refused and os.environ.get(READY_ENV):
+            self._write_status("failed", error=f"{type(exc).__name__}: {exc}")
+            self._report_refusal(self._refused)
+            raise SystemExit(self._refused.exit_code) from None
         if exc_type is None:
             self._write_status("completed")
         elif isinstance(exc, SystemExit) and exc.code == EXIT_RESUMABLE:
@@ -402,7 +480,7 @@ class ResumableRun:
             return
         last = self.run_dir / "checkpoints" / "last.pt"
         if last.exists():
-            state = torch.load(last, map_location="cpu", weights_only=False)
+            state = safe_load(last, extra_globals=self.safe_globals)
             old = state.get("config") if isinstance(state, dict) else None
             if not isinstance(old, dict) or config_identity(old, self.operational) != self.identity:
                 self._refuse(old if isinstance(old, dict) else {}, None)
@@ -538,16 +616,38 @@ class ResumableRun:
     def resume(self) -> Position:
         """Restore the newest matching snapshot (the run directory's, or the store's newest
         restore point of this run, whichever is further on), or start fresh. Returns the
-        position training resumes at."""
+        position training resumes at.
+
+        Every restore point resumed from passes the strict gate against this run's local view
+        first (``local_view``: trainer, terms, cache root, cache keys, config), under the trust
+        policy (``trust=``, else ``$RESTOREPOINT_TRUST``); a refusal raises
+        IncompatibleRestorePoint, never a silent fresh start, and the newest restore point of
+        the run being refused is not silently replaced by an older one (``accept_older``).
+        Every checkpoint file is loaded weights-only: one that would run code is refused
+        (UnsafeCheckpoint) before anything of it is built. Under ``restorepoint run`` a
+        refusal ends the trainer with its exit code (3, or 1), which is not requeued."""
         if not self.auto_resume:
             return self.position
-        path, source = self._newest_snapshot()
-        if path is None:
-            if self.is_main:
-                log.info("no checkpoint of run %s: starting fresh", self.run_id)
-            return self.position
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if state.get("format") != STATE_FORMAT or state.get("identity") != self.identity:
+        try:
+            path, source = self._newest_snapshot()
+            if path is None:
+                if self.is_main:
+                    log.info("no checkpoint of run %s: starting fresh", self.run_id)
+                return self.position
+            state = safe_load(path, extra_globals=self.safe_globals)
+        except RestorePointError as exc:
+            self._refused = exc
+            # Outside a supervisor the error reaches the user as a traceback: its mismatches,
+            # one a line, come with it (Python 3.11 prints an exception's notes).
+            for detail in getattr(exc, "details", ()):
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"  {printable(detail)}")
+            raise
+        if (
+            not isinstance(state, dict)
+            or state.get("format") != STATE_FORMAT
+            or state.get("identity") != self.identity
+        ):
             raise IncompatibleRestorePoint(
                 f"refusing to resume from {path}: it is not a snapshot of this run",
                 url=str(path),
@@ -571,11 +671,20 @@ class ResumableRun:
             )
         return self.position
 
+    def _gate_handed(self, handed: Path) -> None:
+        """A supervisor's import, gated here: the supervisor compared what it knows; this run
+        knows the rest (its trainer, config, cache keys) and compares everything again."""
+        head_file = os.environ.get(RESUME_HEAD_ENV) or str(handed) + ".head.json"
+        head = read_head_file(head_file)
+        result = decide(str(handed), head, [self.local_view()], strict=True, hints=RUNTIME_HINTS)
+        if not result.compatible:
+            raise refuse(result)
+
     def _newest_snapshot(self) -> tuple[Path | None, str]:
-        handed = os.environ.get("RESTOREPOINT_RESUME_DIR")
+        handed = os.environ.get(RESUME_DIR_ENV)
         if handed and (Path(handed) / self._rank_file()).exists():
-            # A supervisor imported a restore point for us (restorepoint run --resume-from);
-            # resume() still checks that it is a snapshot of this very run.
+            # A supervisor imported a restore point for us (restorepoint run --resume-from).
+            self._gate_handed(Path(handed))
             return Path(handed) / self._rank_file(), "supervisor import"
         local = self.run_dir / "checkpoints" / self._rank_file()
         local_step = -1
@@ -584,22 +693,37 @@ class ResumableRun:
                 sidecar = json.loads((local.parent / "position.json").read_text())
                 local_step = int(sidecar["step"])
             except (OSError, ValueError, KeyError, TypeError):
-                state = torch.load(local, map_location="cpu", weights_only=False)
-                local_step = int(state["position"]["step"])
+                state = safe_load(local, extra_globals=self.safe_globals)
+                local_step = int(state["position"]["step"]) if isinstance(state, dict) else -1
         if self.store is not None:
             try:
-                entry = latest(self.store, run=self.run_id, storage_options=self.storage_options)
+                newest = latest(self.store, run=self.run_id, storage_options=self.storage_options)
             except NotFound:
-                entry = None
+                newest = None
+            entry = None
+            if newest is not None and newest.step > local_step:
+                entry = choose(
+                    self.store,
+                    run=self.run_id,
+                    views=[self.local_view()],
+                    accept_older=self.accept_older,
+                    trust=self.trust,
+                    storage_options=self.storage_options,
+                    hints=RUNTIME_HINTS,
+                )
             if entry is not None and entry.step > local_step:
-                dest = self.run_dir / "imports" / f"step-{entry.step}"
+                # Named after the restore point itself: another object of the same step (a
+                # step packed again) is another import, gated on its own.
+                dest = self.run_dir / "imports" / entry.name.rsplit("/", 1)[-1].removesuffix(".rp")
                 if not dest.exists():
                     try:
-                        import_restore_point(
+                        resume_import(
                             entry.url,
                             dest,
-                            expect=Expectations(config=self.config),
+                            views=[self.local_view()],
+                            trust=self.trust,
                             storage_options=self.storage_options,
+                            hints=RUNTIME_HINTS,
                         )
                     except RestorePointError:
                         # Ranks sharing the run directory import at once; the import is
@@ -888,6 +1012,7 @@ class ResumableRun:
                 run=self.run_id,
                 storage_options=self.storage_options,
                 threads=self.background_threads,
+                sign=self._signers,
             )
             if self.keep_last:
                 prune(

@@ -23,12 +23,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import IntegrityError, NotFound, UsageError, at_url
-from ..format import Manifest, read_head
+from ..format import Manifest
 from ..storage import Location, ObjectInfo, is_partial_name, resolve
 from ._naming import NAME_PATTERN as _NAME
 from ._naming import RUN_PATTERN as _RUN
 from ._naming import entry_name, is_store_url
-from ._open import NO_TRUST, Trust
+from ._open import NO_TRUST, Trust, open_head
 from .pack import PackResult, pack
 from .verify import verify
 
@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_GRACE_S",
     "PruneReport",
     "StoreEntry",
+    "entry_head",
     "entry_name",
     "is_store_url",
     "latest",
@@ -187,12 +188,19 @@ def latest(
 def _check_name(location: Location, entry: StoreEntry) -> None:
     """The head must say what the name says (run, step, id): a restore point copied under
     another run's name is not that run's."""
+    entry_head(location, entry)
+
+
+def entry_head(location: Location, entry: StoreEntry, trust: Trust = NO_TRUST) -> Manifest:
+    """The head of a store's restore point (a bounded read; with a trust policy that checks
+    signatures, the signature is checked first), checked to say what its name says."""
     reader = location.reader()
     try:
-        head = read_head(reader).manifest
+        head = open_head(reader, trust).head.manifest
     finally:
         reader.close()
     _same(head, location, entry)
+    return head
 
 
 def _verify_entry(location: Location, entry: StoreEntry, trust: Trust = NO_TRUST) -> None:

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 import restorepoint
-from restorepoint.adapters.torch_run import STATE_FORMAT, run_id_for
 from restorepoint.format import config_identity
 from restorepoint.runtime.detect import torch_terms
+from restorepoint.runtime.run import run_id_for
+from restorepoint.runtime.state import STATE_FORMAT
 from restorepoint.testing.trainer import CONFIG, OPERATIONAL, TRAINER
 
 IDENTITY = config_identity(CONFIG, OPERATIONAL)

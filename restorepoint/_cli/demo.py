@@ -53,11 +53,6 @@ def _finish(proc: subprocess.Popen[str], what: str, log: Path) -> int:
     return code
 
 
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / "events.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
 def demo_command(
     workdir: Annotated[
         Path | None, typer.Option(help="Directory for the demo's files (default: a temp dir).")
@@ -77,6 +72,7 @@ def demo_command(
         from ..format import Trainer
         from ..ops import Expectations, latest
         from ..ops.resume import resume_import
+        from ..runtime.contract import RunDirectory
         from ..runtime.detect import torch_terms
         from ..testing.trainer import CONFIG, TRAINER
 
@@ -116,10 +112,11 @@ def demo_command(
             if code != 42:
                 raise UsageError(f"machine A exited {code}, not 42 (see {base / 'machine-a.log'})")
             (run_dir,) = list(a_root.iterdir())
-            events = _events(run_dir)
+            directory = RunDirectory(run_dir)
+            events = list(directory.events())
             snap = next(e for e in events if e["event"] == "snapshot")
             upload = next(e for e in events if e["event"] == "uploaded")
-            status = json.loads((run_dir / "run_status.json").read_text())
+            status = directory.status()
 
             say("3/4 importing the restore point on machine B, through the gate ...")
             entry = latest(str(store) + "/", run=run_dir.name)

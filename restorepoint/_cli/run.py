@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import signal
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ..adapters.base import Adapter
-from ..errors import NotFound, UsageError
+from ..errors import UsageError
 from ..ops.gate import FIELDS, Expectations
 from ..preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry
 from ..preempt.supervisor import publishes_itself
@@ -187,39 +183,9 @@ def snapshot_command(
     """Ask a running trainer for a snapshot now, without stopping it."""
 
     def body() -> None:
-        record = run_dir / "trainer.json"
-        try:
-            doc = json.loads(record.read_text())
-            pid = int(doc["pid"])
-        except FileNotFoundError:
-            raise NotFound(
-                "no running trainer reported in this run directory", url=str(run_dir)
-            ) from None
-        except (ValueError, KeyError, TypeError):
-            raise UsageError("unreadable trainer.json", url=str(run_dir)) from None
-        events = run_dir / "events.jsonl"
-        before = events.stat().st_size if events.exists() else 0
-        # trainer.json outlives a trainer that was killed (SIGKILL, OOM): its pid may be another
-        # process's by now, and SIGUSR1 would kill that one.
-        if _started_after(pid, record.stat().st_mtime):
-            raise NotFound(
-                f"the trainer (pid {pid}) is not running: that pid is another process's now",
-                url=str(run_dir),
-            )
-        try:
-            os.kill(pid, int(doc.get("snapshot_signal", signal.SIGUSR1)))
-        except ProcessLookupError:
-            raise NotFound(f"the trainer (pid {pid}) is not running", url=str(run_dir)) from None
-        except PermissionError:
-            raise NotFound(
-                f"the trainer (pid {pid}) is not running: that pid is another user's process",
-                url=str(run_dir),
-            ) from None
-        step = None
-        if wait > 0:
-            step = _wait_for_snapshot(events, before, wait)
-            if step is None:
-                raise UsageError(f"no snapshot within {wait:g} s", url=str(run_dir))
+        from ..runtime.contract import request_snapshot
+
+        pid, step = request_snapshot(run_dir, wait=wait)
         if json_:
             print_json({"ok": True, "pid": pid, "step": step})
         else:
@@ -229,40 +195,3 @@ def snapshot_command(
             )
 
     run(json_, body)
-
-
-def _started_after(pid: int, moment: float) -> bool:
-    """Whether process ``pid`` started well after ``moment``; False where /proc cannot tell.
-    A minute of slack: the boot time is in whole seconds and a run directory on a network
-    file system gets its mtime from the server's clock; a pid comes round again far later."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-        # Fields after the command name (which may hold spaces and parentheses): the start
-        # time, in clock ticks since boot, is field 22 of the line, 20th after the name.
-        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
-        started = boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, ValueError, IndexError):
-        return False
-    return started > moment + 60.0
-
-
-def _wait_for_snapshot(events: Path, offset: int, timeout: float) -> int | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if events.exists():
-            with open(events, "rb") as f:
-                f.seek(offset)
-                for line in f.read().decode(errors="replace").splitlines():
-                    try:
-                        doc = json.loads(line)
-                    except ValueError:
-                        continue
-                    if doc.get("event") == "snapshot":
-                        return int(doc["step"])
-        time.sleep(0.1)
-    return None

@@ -38,9 +38,9 @@ from typing import Any
 
 from ..errors import MissingExtra, RestorePointError, UsageError
 from ..format import Manifest, Position, Trainer
-from ..ops import Expectations, describe, pack, prune
-from ..ops.gate import UNSET
+from ..ops import Expectations, describe
 from ..ops.local_view import DATA_KEY, cache_root_from_env, data_digest
+from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.resume import choose, resume_import
 from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
 from ..runtime.safe_load import check_loadable, safe_load
@@ -150,8 +150,8 @@ class PreemptionCallback(pl.Callback):
     half-updated weights. With several processes every signal waits for a step's end, where
     the ranks agree, so that all of them save at the same step.
 
-    ``store``, ``run``/``config``, ``operational``, ``keep_last`` and ``pack_options`` (any
-    other keyword of ``restorepoint.pack``: ``level``, ``storage_options``, ``sign``, ...)
+    ``store``, ``run``/``config``, ``operational``, ``keep_last`` and ``pack_options`` (the
+    fields of ``PackOptions``: ``level``, ``storage_options``, ``sign``, ...)
     configure the restore point packed after each save. ``events`` records what each signal
     did (``saved``, ``save_failed``, ``packed``, ``pack_failed``)."""
 
@@ -179,7 +179,10 @@ class PreemptionCallback(pl.Callback):
         # The head's identity part is the local view a resume compares with.
         self.view = _local_view(config, cache_keys, cache_root, terms)
         self.keep_last = keep_last
-        self.pack_options = pack_options
+        try:
+            self.options = PackOptions(**pack_options)
+        except TypeError as exc:
+            raise UsageError(f"PreemptionCallback: {exc}") from None
         self.run = _run_id(run, config, self.operational) if store is not None else run
         self.events: list[dict[str, Any]] = []
         self._trainer: pl.Trainer | None = None
@@ -354,39 +357,25 @@ class PreemptionCallback(pl.Callback):
             _fsync(self.dirpath, directory=True)
 
     def _pack(self, step: int, epoch: int) -> None:
-        view = self.view
-        assert isinstance(view.trainer, Trainer)
-        assert isinstance(view.terms, Mapping)
-        assert isinstance(view.cache_keys, Mapping)
-        assert view.cache_root is not UNSET
+        head = HeadSpec.from_view(
+            self.view, Position(step, epoch), operational_keys=self.operational, run=self.run
+        )
         try:
-            result = pack(
+            result = publish(
                 self.dirpath,
                 self.store or "",
-                position=Position(step, epoch),
-                trainer=view.trainer,
-                terms=dict(view.terms),
-                cache_keys=dict(view.cache_keys),
-                cache_root=view.cache_root,
-                config=self.config,
-                operational_keys=self.operational,
-                run=self.run,
-                into_store=True,
+                head,
+                self.options,
                 include=[LAST],
-                **self.pack_options,
+                keep_last=self.keep_last,
             )
-            if self.keep_last:
-                prune(
-                    self.store or "",
-                    keep_last=self.keep_last,
-                    run=self.run,
-                    storage_options=self.pack_options.get("storage_options"),
-                )
         except Exception as exc:  # last.ckpt is saved; the requeue must still run
             log.error("packing last.ckpt at step %d failed: %s: %s", step, type(exc).__name__, exc)
             self._record("pack_failed", step=step, error=f"{type(exc).__name__}: {exc}")
             return
         self._record("packed", step=step, url=result.url)
+        if result.prune_error is not None:
+            self._record("prune_failed", step=step, error=str(result.prune_error))
 
     def _record(self, event: str, **fields: Any) -> None:
         self.events.append({"event": event, **fields})

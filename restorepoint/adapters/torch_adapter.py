@@ -74,9 +74,11 @@ class TorchAdapter:
     def newest_snapshot(self, workdir: Path) -> Snapshot | None:
         """``workdir`` is a run directory: its checkpoints/ hold the newest committed snapshot
         (last.pt, renamed into place only when complete, and its position)."""
-        checkpoints = workdir / "checkpoints"
+        from ..runtime.contract import CHECKPOINTS, POSITION_FILE
+
+        checkpoints = workdir / CHECKPOINTS
         try:
-            position = json.loads((checkpoints / "position.json").read_text())
+            position = json.loads((checkpoints / POSITION_FILE).read_text())
         except (OSError, ValueError):
             return None
         files = tuple(sorted(p.name for p in checkpoints.iterdir() if p.is_file()))

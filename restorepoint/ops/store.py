@@ -29,7 +29,6 @@ from ._naming import NAME_PATTERN as _NAME
 from ._naming import RUN_PATTERN as _RUN
 from ._naming import entry_name, is_store_url
 from ._open import NO_TRUST, Trust, open_head
-from .pack import PackResult, pack
 from .verify import verify
 
 __all__ = [
@@ -43,7 +42,6 @@ __all__ = [
     "list_store",
     "parse_duration",
     "prune",
-    "publish_into_store",
 ]
 
 #: Leftovers of interrupted uploads younger than this are left alone: they may be live.
@@ -219,29 +217,6 @@ def _same(head: Manifest, location: Location, entry: StoreEntry) -> None:
             f"its name says run {entry.run}, step {entry.step}, id {entry.id_prefix}",
             url=location.url,
         )
-
-
-def publish_into_store(
-    source: str | os.PathLike[str],
-    store: str,
-    *,
-    keep_last: int | None = None,
-    storage_options: dict[str, Any] | None = None,
-    **options: Any,
-) -> tuple[PackResult, PruneReport | None]:
-    """Pack ``source`` into the store under its store name (create-only), then, with
-    ``keep_last``, prune the run: the new restore point is complete before any older one goes."""
-    location = _store(store, storage_options)
-    result = pack(source, location, into_store=True, **options)
-    report = None
-    if keep_last is not None:
-        report = prune(
-            location,
-            keep_last=keep_last,
-            run=result.manifest.run,
-            protect=[entry_name(result.manifest)],
-        )
-    return result, report
 
 
 # -- prune ----------------------------------------------------------------------------------

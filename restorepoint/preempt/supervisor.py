@@ -39,8 +39,10 @@ from typing import Any
 
 from ..adapters.base import Adapter
 from ..errors import IncompatibleRestorePoint, RestorePointError, UsageError
-from ..ops import list_store, pack
+from ..format import Trainer
+from ..ops import list_store
 from ..ops.gate import Expectations
+from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.resume import choose, resume_import, write_head_file
 from ..runtime.contract import (
     EXIT_INCOMPATIBLE,
@@ -51,6 +53,8 @@ from ..runtime.contract import (
     RESUME_HEAD_ENV,
     SIGNING_KEY_ENV,
     STORE_ENV,
+    Ready,
+    read_ready,
 )
 from ..trust import Trust, load_signing_key, trust_policy
 from .watchers import Notice, Watcher
@@ -116,13 +120,6 @@ def publishes_itself(adapter: Adapter | None) -> bool:
 
 
 @dataclass
-class _Ready:
-    pid: int
-    run: str | None
-    run_dir: str | None
-
-
-@dataclass
 class Supervisor:
     command: Sequence[str]
     store: str
@@ -177,20 +174,11 @@ class Supervisor:
 
     # -- the trainer's processes ------------------------------------------------------------
 
-    def ready(self) -> list[_Ready]:
+    def ready(self) -> list[Ready]:
         """Trainer processes that have reported themselves up (and are still alive)."""
-        out: list[_Ready] = []
         if self._ready_dir is None:
-            return out
-        for path in sorted(self._ready_dir.glob("*.json")):
-            try:
-                doc = json.loads(path.read_text())
-                pid = int(doc["pid"])
-                os.kill(pid, 0)
-            except (ValueError, KeyError, OSError):
-                continue
-            out.append(_Ready(pid, doc.get("run"), doc.get("run_dir")))
-        return out
+            return []
+        return read_ready(self._ready_dir)
 
     def _signal_ready(self, signum: int) -> int:
         sent = 0
@@ -308,7 +296,7 @@ class Supervisor:
         ready = self.ready()
         if not ready and not self.self_publishing and self._proc is not None:
             # An external trainer writes no ready file: the adapter tells whether it is up.
-            ready = [_Ready(self._proc.pid, self.run, None)]
+            ready = [Ready(self._proc.pid, self.run, None)]
         if not ready:
             log.warning(
                 "notice (%s) but no trainer has reported itself up: nothing to snapshot",
@@ -444,23 +432,20 @@ class Supervisor:
             else:
                 self.telemetry.count("snapshots", step=snap.step)
                 info = self.adapter.trainer()
+                head = HeadSpec(
+                    snap.position, Trainer(info.name, info.version), info.terms, run=self.run
+                )
+                options = PackOptions(
+                    sign=(load_signing_key(self.signing_key),) if self.signing_key else (),
+                    storage_options=self.storage_options,
+                )
                 try:
-                    result = pack(
-                        snap.root,
-                        self.store,
-                        position=snap.position,
-                        trainer=(info.name, info.version),
-                        terms=dict(info.terms),
-                        include=list(snap.files),
-                        run=self.run,
-                        storage_options=self.storage_options,
-                        sign=[load_signing_key(self.signing_key)] if self.signing_key else (),
-                    )
+                    result = publish(snap.root, self.store, head, options, include=snap.files)
                 except RestorePointError as exc:
                     log.warning("the snapshot at step %d was not published: %s", snap.step, exc)
                     return False
                 self.telemetry.record(
-                    "upload", bytes=result.size, seconds=result.seconds, step=snap.step
+                    "upload", bytes=result.pack.size, seconds=result.pack.seconds, step=snap.step
                 )
                 return True
             time.sleep(0.1)

@@ -1,7 +1,7 @@
 """A small, real PyTorch trainer on the ResumableRun contract, for the demo and the tests.
 
     python -m restorepoint.testing.trainer --root RUNS --out FINAL.pt [--store URL] [--epochs N]
-        [--lr LR] [--data DIR] [--cache-root P] [--marker FILE] [--accept-older]
+        [--lr LR] [--data DIR] [--cache-root P] [--marker FILE] [--accept-older] [--keep-last N]
 
 It trains an MLP with dropout, Adam, a step scheduler and gradient accumulation over a shuffled
 synthetic data set, on the CPU, deterministically (one thread). It prints ``step N`` after every
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from ..adapters.torch_run import ResumableRun
 from ..ops.local_view import DATA_KEY, data_digest
+from ..runtime.run import ResumableRun
 
 __all__ = ["CONFIG", "OPERATIONAL", "TRAINER", "main", "train"]
 
@@ -67,6 +67,7 @@ def train(
     cache_root: str | None = None,
     marker: Path | None = None,
     accept_older: bool = False,
+    keep_last: int | None = None,
 ) -> int:
     """Run (or resume) training to the end; returns the number of steps trained here."""
     config = json.loads(json.dumps(config or CONFIG))
@@ -87,6 +88,7 @@ def train(
         cache_keys=cache_keys,
         cache_root=cache_root,
         accept_older=accept_older,
+        keep_last=keep_last,
     ) as run:
         torch.manual_seed(run.seed)
         m = config["model"]
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-root", help="the run's cache root")
     parser.add_argument("--marker", type=Path, help="written when training starts")
     parser.add_argument("--accept-older", action="store_true", help="see ResumableRun")
+    parser.add_argument("--keep-last", type=int, help="prune the run after each publish")
     args = parser.parse_args(argv)
     train(
         args.root,
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         cache_root=args.cache_root,
         marker=args.marker,
         accept_older=args.accept_older,
+        keep_last=args.keep_last,
     )
     return 0
 

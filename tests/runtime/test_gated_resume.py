@@ -29,10 +29,10 @@ from crafted import (
 )
 
 import restorepoint
-from restorepoint.adapters.torch_run import run_id_for
 from restorepoint.format import config_identity
 from restorepoint.ops.local_view import data_digest
 from restorepoint.runtime.detect import torch_terms
+from restorepoint.runtime.run import run_id_for
 
 
 @pytest.fixture(scope="module")

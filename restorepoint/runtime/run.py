@@ -53,8 +53,7 @@ from .._version import __version__
 from ..adapters.base import signal_number
 from ..errors import IncompatibleRestorePoint, NotFound, RestorePointError, UsageError
 from ..format import Position, Trainer, config_identity, diff_configs
-from ..ops import Expectations, latest, load_config
-from ..ops._config import check_json_data
+from ..ops import Expectations, check_json_data, latest, load_config
 from ..ops.gate import decide, refuse
 from ..ops.local_view import cache_root_from_env
 from ..ops.publish import HeadSpec, PackOptions, publish

@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 if not torch.distributed.is_available():
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
-import _trainer_variants as tv  # noqa: E402
-
 from restorepoint.ops import import_restore_point, list_store, read_manifest  # noqa: E402
+
+from . import _trainer_variants as tv  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

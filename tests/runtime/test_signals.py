@@ -20,12 +20,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
-import _trainer_variants as tv  # noqa: E402
-
 from restorepoint.errors import StorageUnavailable, UsageError  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
 from restorepoint.ops import list_store  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
+
+from . import _trainer_variants as tv  # noqa: E402
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 TOTAL = tv.total_steps()

@@ -17,13 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
-import _trainer_variants as tv  # noqa: E402
-
 from restorepoint.errors import IncompatibleRestorePoint  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
 from restorepoint.runtime import contract as run_contract  # noqa: E402
 from restorepoint.runtime import run as runtime_run  # noqa: E402
 from restorepoint.torch import ResumableRun, run_id_for  # noqa: E402
+
+from . import _trainer_variants as tv  # noqa: E402
 
 # The head's `run` field: what a run id must be to name restore points in a store.
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

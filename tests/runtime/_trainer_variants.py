@@ -4,7 +4,7 @@ In-process: ``train()`` runs (or resumes) one run to its end or to a preemption 
 ``Outcome``: the exit code, the position resume() reported, every sample index fed to the model
 in order, the random numbers drawn after each commit, and the final state of every tracked
 object. As a script (``python _trainer_variants.py ddp ...``) it is one rank of a DDP run over
-gloo, for tests/torch_runtime/test_distributed.py.
+gloo, for tests/runtime/test_distributed.py.
 """
 
 from __future__ import annotations

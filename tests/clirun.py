@@ -8,14 +8,18 @@ import sys
 
 
 def cli(
-    *args: str, env: dict[str, str] | None = None, extra_env: dict[str, str] | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
-    """``restorepoint ARGS``; ``env`` replaces the environment, ``extra_env`` adds to it."""
+    """``restorepoint ARGS``; ``env`` replaces the environment, ``extra_env`` adds to it; a
+    run longer than ``timeout`` seconds fails the test (subprocess.TimeoutExpired)."""
     return subprocess.run(
         [sys.executable, "-m", "restorepoint", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={**(env if env is not None else os.environ), **(extra_env or {})},
         check=False,
     )

@@ -179,12 +179,19 @@ class _LocalReader:
         self.url = url
         with translating(url):
             # One descriptor for every read: a rename over the path while we read cannot mix
-            # two objects.
-            self._file = open(path, "rb", buffering=0)  # noqa: SIM115
-            st = os.fstat(self._file.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            self._file.close()
-            raise StorageError("not a regular file", url=url)
+            # two objects. O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer
+            # (forever), before fstat could tell that it is not a file; the type is checked on
+            # the descriptor itself, so a path swapped after a stat cannot slip through.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise StorageError("not a regular file", url=url)
+                os.set_blocking(fd, True)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._file = os.fdopen(fd, "rb", buffering=0)
         self._size = st.st_size
 
     @property

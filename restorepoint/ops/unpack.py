@@ -21,9 +21,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
-import secrets
 import shutil
-import socket
 import stat
 import time
 from collections.abc import Callable
@@ -32,15 +30,23 @@ from typing import Any
 
 from ..errors import DestinationError, StorageError, at_url
 from ..format import ChunkCipher, Manifest, PayloadDecoder, check_path, check_paths
-from ..storage import Location, resolve, translate
+from ..storage import (
+    OLD_MARK,
+    STAGING_MARK,
+    Location,
+    leftover_name,
+    parse_leftover,
+    pid_alive,
+    resolve,
+    this_host,
+    translate,
+)
 from ._open import NO_TRUST, Trust, open_head, open_manifest
 from .gate import CheckResult, Expectations, mismatches, refuse
 from .pack import default_threads
 
 __all__ = ["ImportResult", "import_restore_point"]
 
-STAGING_MARK = ".rp-import-"
-OLD_MARK = ".rp-old-"
 #: A leftover whose writer may still be alive on another host is removed only when this old.
 STALE_AFTER_S = 24 * 3600
 
@@ -181,50 +187,36 @@ def _check_space(target: str, manifest: Manifest) -> None:
 # -- step 4: staging ------------------------------------------------------------------------
 
 
-def _leftover_prefixes(target: str) -> tuple[str, str]:
-    name = os.path.basename(target)
-    return f".{name}{STAGING_MARK}", f".{name}{OLD_MARK}"
-
-
 def _new_name(target: str, mark: str) -> str:
-    host = socket.gethostname().replace("/", "_") or "host"
-    name = f".{os.path.basename(target)}{mark}{host}-{os.getpid()}-{secrets.token_hex(6)}"
-    return os.path.join(os.path.dirname(target), name)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return os.path.join(os.path.dirname(target), leftover_name(os.path.basename(target), mark))
 
 
 def _clean_leftovers(target: str) -> None:
     """Remove staging (and replaced) directories of earlier imports into DEST whose importer is
-    gone: on this host when its process no longer exists, from elsewhere when a day old."""
+    gone: on this host when its process no longer exists, from elsewhere when a day old. The
+    names beside DEST are anyone's: one that does not parse is kept until it is a day old, and
+    no error here stops the import (U5)."""
     parent = os.path.dirname(target)
-    host = socket.gethostname().replace("/", "_") or "host"
+    final = os.path.basename(target)
+    host = this_host()
     try:
         names = os.listdir(parent)
     except OSError:
         return
     for name in names:
-        for prefix in _leftover_prefixes(target):
-            if not name.startswith(prefix):
-                continue
-            owner, _, rest = name[len(prefix) :].rpartition("-")
-            owner_host, _, pid_text = owner.rpartition("-")
-            path = os.path.join(parent, name)
-            try:
-                age = time.time() - os.lstat(path).st_mtime
-            except OSError:
-                continue
-            mine = owner_host == host and pid_text.isdigit() and rest
-            if (mine and not _alive(int(pid_text))) or age > STALE_AFTER_S:
-                shutil.rmtree(path, ignore_errors=True)
+        leftover = parse_leftover(name, final)
+        if leftover is None:
+            continue
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            continue  # never removed (and never followed)
+        gone = leftover.host == host and leftover.pid is not None and not pid_alive(leftover.pid)
+        if gone or time.time() - st.st_mtime > STALE_AFTER_S:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class _Tree:

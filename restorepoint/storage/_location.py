@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,30 +24,17 @@ from typing import Any, BinaryIO, Protocol
 
 from ..errors import NotFound, StorageError, UsageError
 from ._errors import missing_extra, translate, translating
+from ._names import partial_name
 
 __all__ = [
-    "PARTIAL_MARK",
     "Abilities",
     "Location",
     "ObjectInfo",
     "ObjectReader",
     "PendingUpload",
     "Publisher",
-    "is_partial_name",
     "resolve",
 ]
-
-#: Every temporary name a publisher creates contains this mark and starts with a dot, so that
-#: listings never take a leftover for a restore point and cleanups can find it.
-PARTIAL_MARK = ".rp-partial-"
-
-
-def is_partial_name(name: str) -> bool:
-    return name.startswith(".") and PARTIAL_MARK in name
-
-
-def partial_name(final: str) -> str:
-    return f".{final}{PARTIAL_MARK}{os.getpid()}-{secrets.token_hex(6)}"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import select
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,27 @@ def test_progress_bar_on_a_terminal(tmp_path: Path, out: Path) -> None:
     code, output = _run_on_terminal(["import", url, str(out / "again"), "--json"])
     assert code == 0, output
     assert b"importing" not in output
+
+
+def test_leftover_names_with_impossible_pids_never_stop_an_import(packed: str, out: Path) -> None:
+    # Names beside DEST are anyone's who can write to its parent. A PID beyond any pid_t made
+    # os.kill raise OverflowError, and "²" (which str.isdigit accepts) made int() raise
+    # ValueError: every import into DEST crashed with exit 70. Now a decimal PID that no
+    # process can have is a dead importer's, a PID that is not decimal is nobody's (kept until
+    # it is a day old, like any leftover of another host), and the import goes on.
+    host = socket.gethostname().replace("/", "_") or "host"
+    dead = [f".ckpt.rp-import-{host}-{pid}-0123456789ab" for pid in ("99999999999999999999", "0")]
+    dead.append(f".ckpt.rp-old-{host}-4294967296-0123456789ab")
+    unknown = [f".ckpt.rp-import-{host}-\u00b2-0123456789ab", f".ckpt.rp-old-{host}--0123456789ab"]
+    others = [".ckpt.rp-import-elsewhere-99999999999999999999-0123456789ab", ".ckpt.rp-importer"]
+    for name in dead + unknown + others:
+        (out / name).mkdir()
+        (out / name / "junk").write_bytes(b"x")
+    stale = out / f".ckpt.rp-import-{host}-\u00b3-0123456789ab"
+    stale.mkdir()
+    os.utime(stale, (1_000_000, 1_000_000))
+    proc = cli("import", packed, str(out / "ckpt"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert files_of(out / "ckpt") == FILES
+    assert sorted(os.listdir(out)) == sorted(["ckpt", *unknown, *others])

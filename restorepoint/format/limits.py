@@ -14,6 +14,7 @@ __all__ = [
     "MAX_INDEX_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_PATH_BYTES",
+    "MAX_PATH_DEPTH",
     "MAX_SAFE_INTEGER",
     "MAX_SIGNATURE_BYTES",
     "zstd_bound",
@@ -30,6 +31,11 @@ MAX_ENTRIES = 100_000
 MAX_SIGNATURE_BYTES = 64 << 10
 MAX_PATH_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
+#: Components of one payload path (directories and the file). The unpacker holds a descriptor
+#: open for every directory on the path it is writing (so that no path is ever resolved by
+#: name): this keeps it far below a default file-descriptor limit (256 on macOS, 1024 on
+#: Linux). Real checkpoints nest a few levels; MAX_PATH_BYTES alone would allow 2048.
+MAX_PATH_DEPTH = 128
 #: Nesting depth of any JSON value in the head or index (a config is the deepest part).
 MAX_JSON_DEPTH = 64
 #: Every integer of the format is at most 2**53 - 1: the largest that RFC 8785 (I-JSON) and

@@ -220,46 +220,63 @@ def _clean_leftovers(target: str) -> None:
 
 
 class _Tree:
-    """Directories under a staging root, opened relative to each other without following any
-    link: nothing planted on the way can redirect a write outside the root."""
+    """Directories under a staging root, each opened relative to its parent's descriptor
+    without following any link: nothing planted on the way can redirect a write outside the
+    root.
+
+    Files arrive in payload order (strictly increasing UTF-8 bytes), so the files below any
+    directory come one after another: the tree is walked depth first, with descriptors open
+    only for the directories from the root to the current file (at most MAX_PATH_DEPTH, never
+    one per directory of the payload, which a wide tree would run out of), no recursion, and
+    each directory fsynced and closed once the walk has left it, after everything in it."""
 
     FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self.fds: dict[str, int] = {"": os.open(root, self.FLAGS)}
+        #: (name, descriptor) from the root (named "") down to the current directory
+        self.chain: list[tuple[str, int]] = [("", os.open(root, self.FLAGS))]
 
-    def directory(self, rel: str) -> int:
-        fd = self.fds.get(rel)
-        if fd is not None:
-            return fd
-        parent, _, name = rel.rpartition("/")
-        parent_fd = self.directory(parent)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o755, dir_fd=parent_fd)
-        fd = os.open(name, self.FLAGS, dir_fd=parent_fd)
-        self.fds[rel] = fd
-        return fd
+    def _enter(self, directories: list[str]) -> int:
+        depth = 0
+        while (
+            depth < len(directories)
+            and depth + 1 < len(self.chain)
+            and self.chain[depth + 1][0] == directories[depth]
+        ):
+            depth += 1
+        while len(self.chain) > depth + 1:
+            self._leave()
+        for name in directories[depth:]:
+            parent_fd = self.chain[-1][1]
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=parent_fd)
+            self.chain.append((name, os.open(name, self.FLAGS, dir_fd=parent_fd)))
+        return self.chain[-1][1]
+
+    def _leave(self) -> None:
+        _, fd = self.chain.pop()
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def create(self, path: str) -> int:
-        parent, _, name = path.rpartition("/")
+        *directories, name = path.split("/")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(name, flags, 0o644, dir_fd=self.directory(parent))
+        return os.open(name, flags, 0o644, dir_fd=self._enter(directories))
 
     def sync_and_close(self) -> None:
-        # Deepest first, so that each directory's entries are durable before its parent's.
-        for rel in sorted(self.fds, key=lambda r: -r.count("/") - (1 if r else 0)):
-            fd = self.fds.pop(rel)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        # Deepest first, the root last, so that each directory's entries are durable before
+        # its parent's.
+        while self.chain:
+            self._leave()
 
     def close(self) -> None:
-        for fd in self.fds.values():
+        for _, fd in self.chain:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.fds.clear()
+        self.chain.clear()
 
 
 def _unpack(
@@ -323,15 +340,17 @@ def _write_files(
     fd = -1
     current = None
     try:
-        for entry in manifest.payload:
-            if entry.size == 0:
-                os.close(tree.create(entry.path))
+        # Every file is created in payload order, which is what lets the tree hold only one
+        # chain of directories open: a file of size 0 when the decoder has checked its digest
+        # (that of no bytes), any other at its first chunk.
         for entry, chunk in decoder.events():
             if chunk is None:
                 if fd >= 0:
                     os.fsync(fd)
                     os.close(fd)
                     fd = -1
+                elif entry.size == 0:
+                    os.close(tree.create(entry.path))
                 current = None
                 continue
             if entry is not current:

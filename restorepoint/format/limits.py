@@ -13,6 +13,7 @@ __all__ = [
     "MAX_HEAD_BYTES",
     "MAX_INDEX_BYTES",
     "MAX_JSON_DEPTH",
+    "MAX_JSON_VALUES",
     "MAX_PATH_BYTES",
     "MAX_PATH_DEPTH",
     "MAX_SAFE_INTEGER",
@@ -38,6 +39,11 @@ MAX_COMPONENT_BYTES = 255
 MAX_PATH_DEPTH = 128
 #: Nesting depth of any JSON value in the head or index (a config is the deepest part).
 MAX_JSON_DEPTH = 64
+#: Values (objects, arrays, strings, numbers, literals; member names not counted) in one JSON
+#: document, counted on its bytes before it is parsed: what a parsed value costs in memory is
+#: bounded by this, not by the document's size. The reference writer's largest index (MAX_ENTRIES
+#: entries of 9 values, and 4 more) is 900,004 values; this is twice that and more.
+MAX_JSON_VALUES = 1 << 21
 #: Every integer of the format is at most 2**53 - 1: the largest that RFC 8785 (I-JSON) and
 #: every JSON reader represent exactly. Sizes, offsets and their sums are checked against it.
 MAX_SAFE_INTEGER = (1 << 53) - 1

@@ -104,14 +104,16 @@ def import_restore_point(
     with at_url(location.url):
         reader = location.reader()
         try:
-            head = open_head(reader, trust).head
+            gated = open_head(reader, trust)
+            head = gated.head
             result = CheckResult(location.url, head.manifest, [])
             if expect is not None:
                 result = CheckResult(location.url, head.manifest, mismatches(head.manifest, expect))
                 if not result.compatible:
                     raise refuse(result)
             replacing = _check_destination(target, force)
-            opened = open_manifest(reader, trust, need_key=True)
+            # The head the gate decided on, not a second read of it (section 18, U3).
+            opened = open_manifest(reader, trust, need_key=True, gated=gated)
             head, manifest = opened.head, opened.manifest
             assert manifest is not None
             _check_space(target, manifest)

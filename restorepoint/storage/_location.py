@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
-from ..errors import NotFound, StorageError, UsageError
+from ..errors import NotFound, StorageError, StorageUnavailable, UsageError
 from ._errors import missing_extra, translate, translating
 from ._names import partial_name
 
@@ -47,12 +47,19 @@ class Abilities:
     listing_cache: bool = False
     #: interrupted uploads can be listed and aborted (S3 multipart uploads)
     pending_uploads: bool = False
+    #: every read of one reader names the object version it opened (S3: its VersionId, or
+    #: If-Match with its ETag), so that ranges read by name cannot come from two objects
+    pinned_reads: bool = False
 
 
 _ABILITIES: dict[str, Abilities] = {
     "file": Abilities(atomic_rename=True, create_only=True),
     "s3": Abilities(
-        deferred_commit=True, create_only=True, listing_cache=True, pending_uploads=True
+        deferred_commit=True,
+        create_only=True,
+        listing_cache=True,
+        pending_uploads=True,
+        pinned_reads=True,
     ),
     # gcsfs can ask for a create-only upload, but the GCS emulator does not honour it, so
     # nothing here relies on it for safety.
@@ -309,6 +316,7 @@ class _FsspecReader:
             info = fs.info(path)
         if info.get("type") not in (None, "file"):
             raise StorageError(f"not an object ({info.get('type')})", url=url)
+        self.info = info
         self._size = int(info["size"])
 
     @property
@@ -336,6 +344,112 @@ class _FsspecReader:
             with contextlib.suppress(Exception):
                 s.close()
         self._streams.clear()
+
+
+class _PinnedS3Reader(_FsspecReader):
+    """An S3 object read as the one version it was when the reader opened it. S3 serves ranges
+    by name, so an object replaced between the gate's read and the payload's would otherwise
+    be read in parts from two objects. Every range, the payload stream's too, names the
+    object's VersionId where the bucket keeps versions (the replaced object is still read
+    whole), or else carries If-Match with its ETag (S3 then answers 412, and the read fails as
+    StorageUnavailable: a retry reads the new object, whole)."""
+
+    def __init__(self, url: str, fs: Any, path: str) -> None:
+        super().__init__(url, fs, path)
+        self._bucket, self._key, _ = fs.split_path(path)
+        version, etag = self.info.get("VersionId"), self.info.get("ETag")
+        self._pin: dict[str, str] = {}
+        if version and version != "null":
+            self._pin = {"VersionId": str(version)}
+        elif etag:
+            self._pin = {"IfMatch": str(etag)}
+
+    async def _get(self, start: int, end: int) -> bytes:
+        response = await self.fs._call_s3(
+            "get_object",
+            Bucket=self._bucket,
+            Key=self._key,
+            Range=f"bytes={start}-{end - 1}",
+            **self._pin,
+        )
+        body = response["Body"]
+        try:
+            return bytes(await body.read())
+        finally:
+            body.close()
+
+    def read_range(self, start: int, end: int) -> bytes:
+        end = min(end, self._size)
+        if end <= start:
+            return b""
+        from fsspec.asyn import sync
+
+        with translating(self.url):
+            try:
+                return bytes(sync(self.fs.loop, self._get, start, end))
+            except OSError as exc:
+                if _precondition_failed(exc):
+                    raise StorageUnavailable(
+                        "the object was replaced while it was read (its ETag changed); "
+                        "read it again",
+                        url=self.url,
+                    ) from exc
+                raise
+
+    def open_stream(self, start: int) -> BinaryIO:
+        return _RangeStream(self, start, _STREAM_BLOCK)  # type: ignore[return-value]
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether S3 refused a conditional read (If-Match): 412, in whatever s3fs made of it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "412") or status == 412:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class _RangeStream:
+    """A sequential stream made of one reader's range reads, a block at a time: what the
+    reader pins, the stream reads too."""
+
+    def __init__(self, reader: ObjectReader, start: int, block: int) -> None:
+        self._reader = reader
+        self._block = block
+        self._buffer = b""
+        self._offset = 0
+        self._next = start  # the object offset just after the buffer
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = max(0, self._reader.size - self._next) + len(self._buffer) - self._offset
+        parts = []
+        while n > 0:
+            if self._offset == len(self._buffer):
+                self._buffer = self._reader.read_range(self._next, self._next + max(n, self._block))
+                self._offset = 0
+                self._next += len(self._buffer)
+                if not self._buffer:
+                    break  # the end of the object
+            piece = self._buffer[self._offset : self._offset + n]
+            self._offset += len(piece)
+            n -= len(piece)
+            parts.append(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        self._buffer = b""
+
+    def __enter__(self) -> _RangeStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _TranslatingStream:
@@ -432,6 +546,8 @@ class FsspecLocation(Location):
         self.abilities = _ABILITIES.get(protocol, Abilities())
 
     def reader(self) -> ObjectReader:
+        if self.abilities.pinned_reads:
+            return _PinnedS3Reader(self.url, self.fs, self.path)
         return _FsspecReader(self.url, self.fs, self.path)
 
     def join(self, name: str) -> Location:

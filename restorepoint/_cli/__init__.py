@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from .._version import __version__
-from ._common import EXIT_INTERRUPTED
+from ._common import EXIT_INTERRUPTED, printable
 from ._trust import keygen_command
 from .adapters import adapters_command
 from .demo import demo_command
@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(str(message).split())
         code = getattr(exc, "exit_code", 2)
         if message:  # empty when click has already printed the help (no arguments at all)
-            sys.stderr.write(f"restorepoint: usage error: {message} (see restorepoint --help)\n")
+            sys.stderr.write(
+                f"restorepoint: usage error: {printable(message)} (see restorepoint --help)\n"
+            )
     except KeyboardInterrupt:
         sys.stderr.write("restorepoint: interrupted\n")
         code = EXIT_INTERRUPTED

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -17,12 +16,14 @@ from ..ops.gate import handoff_document, write_handoff
 from ..ops.store import prune
 from ..trust import load_public, load_signing_key
 from ._common import (
+    error_line,
     human_bytes,
     parse_pairs,
     parse_trainer,
     print_json,
     progress_bar,
     run,
+    say,
     show_progress,
 )
 
@@ -138,12 +139,12 @@ def pack_command(
         if handoff is not None:
             write_handoff(handoff, handoff_document(result.manifest, result.url))
         if not json_:
-            typer.echo(
+            say(
                 f"packed {result.files} files, {human_bytes(result.bytes)} -> "
                 f"{human_bytes(result.size)} in {result.seconds:.2f} s"
             )
-            typer.echo(f"sha256 {result.sha256}")
-            typer.echo(result.url)
+            say(f"sha256 {result.sha256}")
+            say(result.url)
         out = result.to_dict()
         if keep_last:
             try:
@@ -154,16 +155,14 @@ def pack_command(
                     protect=[entry_name(result.manifest)],
                 )
             except RestorePointError as exc:
-                sys.stderr.write(
-                    f"restorepoint: error: published {result.url}, but the prune failed: {exc}\n"
-                )
+                error_line(f"published {result.url}, but the prune failed: {exc}")
                 if json_:
                     print_json({**out, "ok": False, "error": exc.to_dict()})
                 raise typer.Exit(exc.exit_code) from None
             out["pruned"] = report.deleted
             if not json_:
                 for url in report.deleted:
-                    typer.echo(f"deleted {url}")
+                    say(f"deleted {url}")
         if json_:
             print_json(out)
 

@@ -17,7 +17,7 @@ from ..adapters.base import load_adapter
 from ..errors import NotFound, UsageError
 from ..preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry
 from ..preempt.watchers import AWS_ENDPOINT, GCP_ENDPOINT, Watcher
-from ._common import parse_pairs, print_json, run
+from ._common import parse_pairs, print_json, run, say
 
 
 def run_command(
@@ -134,7 +134,7 @@ def snapshot_command(
         if json_:
             print_json({"ok": True, "pid": pid, "step": step})
         else:
-            typer.echo(
+            say(
                 f"snapshot requested from pid {pid}"
                 + (f": taken at step {step}" if step is not None else "")
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from typing import Annotated
 
@@ -65,8 +67,25 @@ app.command("slurm-template", context_settings={"allow_interspersed_args": False
 app.command("demo")(demo_command)
 
 
+#: Libraries that restorepoint's storage calls into. Their failures reach us as exceptions,
+#: which the CLI reports in one line; what they log besides (gcsfs logs a traceback of every
+#: request it gives up on) is noise on the user's terminal, printed by logging's last-resort
+#: handler because nothing is configured. RESTOREPOINT_DEBUG=1 shows it.
+_QUIET = ("aiobotocore", "aiohttp", "botocore", "fsspec", "gcsfs", "google", "s3fs", "urllib3")
+
+
+def _quiet_libraries() -> None:
+    if os.environ.get("RESTOREPOINT_DEBUG"):
+        return
+    for name in _QUIET:
+        logger = logging.getLogger(name)
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: usage errors are one line and exit 2, like every other failure."""
+    _quiet_libraries()
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="restorepoint", standalone_mode=False)

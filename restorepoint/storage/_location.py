@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
-from ..errors import NotFound, StorageError, StorageUnavailable, UsageError
+from ..errors import NotFound, PermissionDenied, StorageError, StorageUnavailable, UsageError
 from ._errors import missing_extra, translate, translating
 from ._names import partial_name
 
@@ -658,6 +658,49 @@ def _modified(info: dict[str, Any]) -> float | None:
     return None
 
 
+#: gcsfs's default scope (its ``access="full_control"``).
+_GCS_SCOPE = "https://www.googleapis.com/auth/devstorage."
+
+
+def _gcs_credentials(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """gcs:// options with the credentials found, or one line saying there are none.
+
+    Given no token, gcsfs tries every source in turn and ends with a GCE VM's metadata
+    server, which it asks again and again (15 s where there is none, before it falls back to
+    anonymous access; a private bucket then fails after six more tries, logging a traceback).
+    google.auth finds the same credentials (the environment, gcloud's, the metadata server,
+    whose absence it notices with short timeouts) at once, and none found is refused now, as on
+    S3; a public bucket is read with an explicit ``token="anon"`` (``FSSPEC_GCS_TOKEN=anon``).
+    A token given in any way, an endpoint of another server, or STORAGE_EMULATOR_HOST (an
+    emulator) leave gcsfs to itself."""
+    import fsspec.config
+
+    given = {**fsspec.config.conf.get("gs", {}), **fsspec.config.conf.get("gcs", {}), **options}
+    if "token" in given or "endpoint_url" in given or os.environ.get("STORAGE_EMULATOR_HOST"):
+        return options
+    try:
+        import google.auth
+        import google.auth.exceptions
+    except ImportError:  # pragma: no cover - gcsfs depends on it; let gcsfs say what is missing
+        return options
+    scope = _GCS_SCOPE + str(given.get("access", "full_control"))
+    try:
+        credentials, project = google.auth.default(scopes=[scope])
+    except google.auth.exceptions.DefaultCredentialsError:
+        raise PermissionDenied(
+            "no Google Cloud credentials found (set GOOGLE_APPLICATION_CREDENTIALS, run "
+            "`gcloud auth application-default login`, or run on a VM with a service account; "
+            "for a public bucket, FSSPEC_GCS_TOKEN=anon)",
+            url=url,
+        ) from None
+    except google.auth.exceptions.GoogleAuthError as exc:
+        raise PermissionDenied(f"Google Cloud credentials unusable ({exc})", url=url) from None
+    found: dict[str, Any] = {**options, "token": credentials}
+    if project and "project" not in given:
+        found["project"] = project
+    return found
+
+
 def _protocol_of(url: str) -> str:
     if "://" not in url:
         return "file"
@@ -686,8 +729,11 @@ def resolve(
         import fsspec.core
     except ImportError as exc:  # pragma: no cover - fsspec is a runtime dependency
         raise missing_extra(protocol, exc) from exc
+    options = dict(storage_options or {})
+    if protocol == "gcs":
+        options = _gcs_credentials(url, options)
     try:
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         raise missing_extra(protocol, exc) from exc
     except ValueError as exc:

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 
+from .._text import printable
 from ..errors import RestorePointError, UsageError
 
 T = TypeVar("T")
@@ -38,25 +39,6 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
-def _escape(char: str) -> str:
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print: every character Python does not count as printable (C0 and C1
-    controls, DEL, format characters such as bidi overrides, line and paragraph separators,
-    unassigned code points, spaces other than " ") becomes a ``\\x``, ``\\u`` or ``\\U``
-    escape. Everything else, accented and CJK letters included, is left as it is."""
-    if text.isprintable():
-        return text
-    return "".join(char if char.isprintable() else _escape(char) for char in text)
-
-
 def _json_escape(char: str) -> str:
     code = ord(char)
     if code < 0x10000:
@@ -68,6 +50,12 @@ def _json_escape(char: str) -> str:
 def say(line: str) -> None:
     """One line of output on stdout, escaped: the way every verb prints data."""
     typer.echo(printable(line))
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (the command goes on), escaped like every other line."""
+    sys.stderr.write(f"restorepoint: warning: {printable(message.replace(chr(10), ' '))}\n")
+    sys.stderr.flush()
 
 
 def print_json(data: Any) -> None:

@@ -6,9 +6,10 @@ from typing import Annotated
 
 import typer
 
+from .._text import printable
 from ..format import Manifest
 from ..ops import read_manifest
-from ._common import human_bytes, print_json, printable, run, say
+from ._common import human_bytes, print_json, run, say
 from .store import LatestOpt, RunOpt, target
 
 

@@ -24,7 +24,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +36,12 @@ from ..storage import (
     Location,
     leftover_name,
     parse_leftover,
-    pid_alive,
     resolve,
     this_host,
     translate,
 )
 from ._open import NO_TRUST, Trust, open_head, open_manifest
-from .gate import CheckResult, Expectations, mismatches, refuse
+from .gate import CLI_HINTS, CheckResult, Expectations, decide, refuse
 from .pack import default_threads
 
 __all__ = ["ImportResult", "import_restore_point"]
@@ -63,11 +62,16 @@ class ImportResult:
     seconds: float
     check: CheckResult
 
+    @property
+    def gated(self) -> bool:
+        return self.check.gated
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "bytes": self.bytes,
             "dest": self.dest,
             "files": self.files,
+            "gated": self.check.gated,
             "id": self.manifest.id,
             "ok": True,
             "position": self.manifest.position.to_dict(),
@@ -80,7 +84,10 @@ def import_restore_point(
     url: str | Location,
     dest: str | os.PathLike[str],
     *,
-    expect: Expectations | None = None,
+    expect: Expectations | Sequence[Expectations] | None = None,
+    strict: bool = False,
+    defer: Iterable[str] = (),
+    hints: Mapping[str, str] = CLI_HINTS,
     force: bool = False,
     threads: int | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -94,6 +101,10 @@ def import_restore_point(
     the whole manifest) and an encrypted payload is decrypted with ``trust.identity`` as it is
     unpacked; a missing or wrong key is a DecryptionError before anything is written.
 
+    ``expect`` is one view of what this machine expects, or several (all must be met);
+    ``strict`` refuses a field the restore point records that no view knows (spec section 16:
+    every resume gates so), except the ``defer``red ones.
+
     Raises IncompatibleRestorePoint (exit 3) when ``expect`` is not met, DestinationError
     (exit 2) when DEST is not empty and ``force`` is not set, an IntegrityError (exit 1) when
     the restore point is not sound, a StorageError (exit 4) when it cannot be read or DEST has
@@ -106,11 +117,11 @@ def import_restore_point(
         try:
             gated = open_head(reader, trust)
             head = gated.head
-            result = CheckResult(location.url, head.manifest, [])
-            if expect is not None:
-                result = CheckResult(location.url, head.manifest, mismatches(head.manifest, expect))
-                if not result.compatible:
-                    raise refuse(result)
+            result = decide(
+                location.url, head.manifest, expect, strict=strict, defer=defer, hints=hints
+            )
+            if not result.compatible:
+                raise refuse(result)
             replacing = _check_destination(target, force)
             # The head the gate decided on, not a second read of it (section 18, U3).
             opened = open_manifest(reader, trust, need_key=True, gated=gated)
@@ -216,7 +227,7 @@ def _clean_leftovers(target: str) -> None:
             continue
         if stat.S_ISLNK(st.st_mode):
             continue  # never removed (and never followed)
-        gone = leftover.host == host and leftover.pid is not None and not pid_alive(leftover.pid)
+        gone = leftover.host == host and leftover.pid is not None and not leftover.writer_alive
         if gone or time.time() - st.st_mtime > STALE_AFTER_S:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -25,7 +25,6 @@ from ._names import (
     parse_leftover,
     parse_partial,
     partial_name,
-    pid_alive,
     this_host,
 )
 
@@ -47,7 +46,6 @@ __all__ = [
     "parse_leftover",
     "parse_partial",
     "partial_name",
-    "pid_alive",
     "resolve",
     "this_host",
     "translate",

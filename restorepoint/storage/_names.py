@@ -21,8 +21,9 @@ import secrets
 import socket
 from dataclasses import dataclass
 
+from .._posix import pid_alive
+
 __all__ = [
-    "MAX_PID",
     "OLD_MARK",
     "PARTIAL_MARK",
     "STAGING_MARK",
@@ -32,7 +33,6 @@ __all__ = [
     "parse_leftover",
     "parse_partial",
     "partial_name",
-    "pid_alive",
     "this_host",
 ]
 
@@ -43,10 +43,6 @@ PARTIAL_MARK = ".rp-partial-"
 STAGING_MARK = ".rp-import-"
 #: An import's old tree, moved aside where no atomic exchange exists.
 OLD_MARK = ".rp-old-"
-#: pid_t is a signed 32-bit integer on the POSIX systems restorepoint runs on; a larger number
-#: is no process (and os.kill would raise OverflowError on it).
-MAX_PID = 2**31 - 1
-
 _PID = re.compile(r"[0-9]{1,64}")
 _TOKEN = re.compile(r"[0-9a-f]{12}")
 
@@ -54,14 +50,20 @@ _TOKEN = re.compile(r"[0-9a-f]{12}")
 @dataclass(frozen=True)
 class TempName:
     """A temporary name taken apart. ``pid`` is None when the name holds no decimal PID where
-    one belongs (it may still be one no process can have: see ``pid_alive``); ``host`` is None
-    for partial names, which hold none."""
+    one belongs (it may still be one no process can have, which ``writer_alive`` tells); ``host`` is
+    None for partial names, which hold none."""
 
     final: str
     mark: str
     host: str | None
     pid: int | None
     token: str
+
+    @property
+    def writer_alive(self) -> bool:
+        """Whether the process the name names runs on this host: never for no PID, or for one
+        that no process can have (0, or beyond pid_t: ``restorepoint._posix.pid_alive``)."""
+        return self.pid is not None and pid_alive(self.pid)
 
 
 def this_host() -> str:
@@ -76,22 +78,6 @@ def _token() -> str:
 def parse_pid(text: str) -> int | None:
     """The number ``text`` spells in ASCII decimal digits, or None."""
     return int(text) if _PID.fullmatch(text) else None
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether a process with this id exists on this host (EPERM: it exists, owned by someone
-    else). No PID, or a number no process can have (0 would signal our own process group), is
-    no process."""
-    if pid is None or not 1 <= pid <= MAX_PID:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        # EPERM, or anything unexpected: the cautious answer keeps a leftover for later.
-        return True
-    return True
 
 
 # -- partial names (publishing) -----------------------------------------------------------

@@ -1,24 +1,29 @@
 """Text from a restore point or a store is data, never terminal control: ``printable`` escapes
-what a terminal would act on before such text is printed (spec section 24)."""
+what a terminal would act on before such text is printed (spec sections 23 and 24). The one
+rule, for the CLI and the runtime alike."""
 
 from __future__ import annotations
 
-import re
-
 __all__ = ["printable"]
 
-# C0 and C1 controls, DEL, and the bidirectional overrides and isolates (which reorder what a
-# terminal shows): an ESC sequence can retitle a window or clear the screen, a CR overwrite the
-# line, a bidi override make "gnp.exe" look like "exe.png".
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
 
 
 def printable(text: str) -> str:
-    """``text`` with every control character written as an escape (``\\x1b``, ``\\u202e``);
-    a backslash stays as it is, so plain text is unchanged."""
-    return _UNPRINTABLE.sub(_escape, text)
+    """``text`` with every character Python does not count as printable written as an escape
+    (``\\x1b``, ``\\u202e``, ``\\U000e0001``): the C0 and C1 controls and DEL (an ESC sequence
+    can retitle a window or clear the screen, a CR overwrite the line), format characters such
+    as the bidirectional overrides and isolates and zero-width ones (which reorder or hide what
+    a terminal shows: "gnp.exe" looks like "exe.png"), line and paragraph separators,
+    unassigned code points, spaces other than " ". A backslash stays as it is, and so do
+    accented and CJK letters: plain text is unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escape(char) for char in text)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from typing import Annotated
 
 import typer
 
+from .._text import printable
 from .._version import __version__
 from ._common import EXIT_INTERRUPTED
 from ._trust import keygen_command
@@ -67,8 +70,25 @@ app.command("slurm-template", context_settings={"allow_interspersed_args": False
 app.command("demo")(demo_command)
 
 
+#: Libraries that restorepoint's storage calls into. Their failures reach us as exceptions,
+#: which the CLI reports in one line; what they log besides (gcsfs logs a traceback of every
+#: request it gives up on) is noise on the user's terminal, printed by logging's last-resort
+#: handler because nothing is configured. RESTOREPOINT_DEBUG=1 shows it.
+_QUIET = ("aiobotocore", "aiohttp", "botocore", "fsspec", "gcsfs", "google", "s3fs", "urllib3")
+
+
+def _quiet_libraries() -> None:
+    if os.environ.get("RESTOREPOINT_DEBUG"):
+        return
+    for name in _QUIET:
+        logger = logging.getLogger(name)
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: usage errors are one line and exit 2, like every other failure."""
+    _quiet_libraries()
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="restorepoint", standalone_mode=False)
@@ -81,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(str(message).split())
         code = getattr(exc, "exit_code", 2)
         if message:  # empty when click has already printed the help (no arguments at all)
-            sys.stderr.write(f"restorepoint: usage error: {message} (see restorepoint --help)\n")
+            sys.stderr.write(
+                f"restorepoint: usage error: {printable(message)} (see restorepoint --help)\n"
+            )
     except KeyboardInterrupt:
         sys.stderr.write("restorepoint: interrupted\n")
         code = EXIT_INTERRUPTED

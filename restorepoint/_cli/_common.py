@@ -1,5 +1,7 @@
 """What every verb shares: errors to exit codes (in this one place), --json output, key=value
-options, and the progress bar."""
+options, the progress bar, and escaping: every line printed goes through ``printable``,
+because what a restore point or a store holds (terms, trainer names, paths, feature names,
+listed names) is anyone's, and a terminal acts on the control characters in it."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 
+from .._text import printable
 from ..errors import RestorePointError, UsageError
 
 T = TypeVar("T")
@@ -36,25 +39,48 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
+def _json_escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def say(line: str) -> None:
+    """One line of output on stdout, escaped: the way every verb prints data."""
+    typer.echo(printable(line))
+
+
 def warn(message: str) -> None:
-    """One warning line on stderr (the command goes on)."""
-    sys.stderr.write(f"restorepoint: warning: {message}\n")
+    """One warning line on stderr (the command goes on), escaped like every other line."""
+    sys.stderr.write(f"restorepoint: warning: {printable(message.replace(chr(10), ' '))}\n")
     sys.stderr.flush()
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, sort_keys=True, ensure_ascii=False) + "\n")
+    # json.dumps escapes the C0 controls, but leaves DEL, the C1 controls, bidi overrides and
+    # the like as they are: as \u escapes they are the same JSON, and harmless on a terminal.
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False)
+    if not text.isprintable():
+        text = "".join(char if char.isprintable() else _json_escape(char) for char in text)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
-def fail(exc: RestorePointError, as_json: bool) -> NoReturn:
-    """One line on stderr (and the error as data on stdout with --json), then the exit code."""
-    line = str(exc).replace("\n", " ")
-    sys.stderr.write(f"restorepoint: error: {line}\n")
-    # A gate refusal lists every mismatch, one a line: field, expected, found.
-    for detail in getattr(exc, "details", None) or ():
-        sys.stderr.write(f"restorepoint:   {detail}\n")
+def error_line(message: str, *details: str) -> None:
+    """``restorepoint: error: MESSAGE`` on stderr, then one indented line for each detail,
+    all escaped: the one way an error reaches the terminal."""
+    sys.stderr.write(f"restorepoint: error: {printable(message.replace(chr(10), ' '))}\n")
+    for detail in details:
+        sys.stderr.write(f"restorepoint:   {printable(detail)}\n")
     sys.stderr.flush()
+
+
+def fail(exc: RestorePointError, as_json: bool) -> NoReturn:
+    """One line on stderr (and the error as data on stdout with --json), then the exit code.
+    A gate refusal adds one line for every mismatch: field, expected, found."""
+    error_line(str(exc), *(getattr(exc, "details", None) or ()))
     if as_json:
         print_json({"ok": False, "error": exc.to_dict()})
     raise typer.Exit(exc.exit_code)
@@ -80,9 +106,10 @@ def run(as_json: bool, body: Callable[[], T]) -> T:
     except Exception as exc:
         if os.environ.get("RESTOREPOINT_DEBUG"):
             traceback.print_exc()
+        detail = printable(f"{type(exc).__name__}: {exc}".replace("\n", " "))
         sys.stderr.write(
             f"restorepoint: internal error (a bug; set RESTOREPOINT_DEBUG=1 for details): "
-            f"{type(exc).__name__}: {exc}\n"
+            f"{detail}\n"
         )
         if as_json:
             print_json(

@@ -9,7 +9,7 @@ import typer
 
 from ..errors import UsageError
 from ..trust import Trust, generate, key_id, load_identity, load_public
-from ._common import print_json, run
+from ._common import print_json, run, say
 
 TrustOpt = Annotated[
     list[Path] | None,
@@ -70,6 +70,6 @@ def keygen_command(
                 }
             )
         else:
-            typer.echo(f"{kind} key {kid}: {private} (keep it secret), {public}")
+            say(f"{kind} key {kid}: {private} (keep it secret), {public}")
 
     run(json_, body)

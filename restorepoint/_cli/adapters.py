@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..adapters.base import available_adapters
-from ._common import print_json, run
+from ._common import print_json, run, say
 
 
 def adapters_command(
@@ -22,6 +22,6 @@ def adapters_command(
             return
         for info in infos:
             state = "" if info.available else f"  (unavailable: {info.problem})"
-            typer.echo(f"{info.name:<10} {info.description}{state}")
+            say(f"{info.name:<10} {info.description}{state}")
 
     run(json_, body)

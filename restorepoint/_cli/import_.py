@@ -12,7 +12,7 @@ import typer
 
 from ..errors import UsageError
 from ..ops import check, import_restore_point
-from ._common import human_bytes, print_json, progress_bar, run, show_progress, warn
+from ._common import human_bytes, print_json, progress_bar, run, say, show_progress, warn
 from ._expect import (
     AdapterOpt,
     AdapterOptionOpt,
@@ -131,12 +131,12 @@ def import_command(
         pos = result.manifest.position
         where = f"step {pos.step}" + (f", epoch {pos.epoch}" if pos.epoch is not None else "")
         where += f", batch {pos.batch}" if pos.batch is not None else ""
-        typer.echo(
+        say(
             f"imported {where}: {len(result.files)} files, {human_bytes(result.bytes)} "
             f"verified into {result.dest} in {result.seconds:.2f} s"
         )
         if command is not None:
-            typer.echo(shlex.join(command))
+            say(shlex.join(command))
 
     run(json_, body)
 
@@ -177,6 +177,6 @@ def check_command(
         if json_:
             print_json(result.to_dict())
         else:
-            typer.echo(f"compatible: step {result.manifest.position.step} ({result.url})")
+            say(f"compatible: step {result.manifest.position.step} ({result.url})")
 
     run(json_, body)

@@ -6,9 +6,10 @@ from typing import Annotated
 
 import typer
 
+from .._text import printable
 from ..format import Manifest
 from ..ops import read_manifest
-from ._common import human_bytes, print_json, run
+from ._common import human_bytes, print_json, run, say
 from .store import LatestOpt, RunOpt, target
 
 
@@ -29,7 +30,8 @@ def inspect_command(
         if json_:
             print_json({"manifest": manifest.to_dict(), "ok": True, "url": chosen})
         else:
-            typer.echo(render(manifest))
+            for line in render(manifest):
+                say(line)
 
     run(json_, body)
 
@@ -39,7 +41,9 @@ def _pairs(mapping: object) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(mapping.items())) or "-"
 
 
-def render(m: Manifest) -> str:
+def render(m: Manifest) -> list[str]:
+    """The manifest as lines for a terminal, every value from the restore point escaped (a
+    value holding a newline stays on its line)."""
     pos = m.position
     where = f"step {pos.step}"
     if pos.epoch is not None:
@@ -63,7 +67,7 @@ def render(m: Manifest) -> str:
         ("cache keys", _pairs(dict(m.cache_keys))),
         ("terms", _pairs(dict(m.terms))),
     ]
-    lines = [f"{name:<14}{value}" for name, value in rows]
+    lines = [f"{name:<14}{printable(value)}" for name, value in rows]
     if m.payload is not None:
         stored = sum(e.stored_size for e in m.payload)
         lines.append(
@@ -71,5 +75,5 @@ def render(m: Manifest) -> str:
             f"({human_bytes(stored)} stored)"
         )
         for e in m.payload:
-            lines.append(f"  {e.sha256[:16]}  {e.size:>14}  {e.codec.name:<5} {e.path}")
-    return "\n".join(lines)
+            lines.append(f"  {e.sha256[:16]}  {e.size:>14}  {e.codec.name:<5} {printable(e.path)}")
+    return lines

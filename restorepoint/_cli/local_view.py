@@ -9,7 +9,7 @@ import typer
 
 from ..format import Trainer, config_identity
 from ..ops.gate import FIELDS, Expectations
-from ._common import print_json, run
+from ._common import print_json, run, say
 from ._expect import (
     AdapterOpt,
     AdapterOptionOpt,
@@ -80,15 +80,15 @@ def local_view_command(
             return
         for i, fields in enumerate(described):
             if len(described) > 1:
-                typer.echo("this machine:" if i == 0 else "the handoff file (--expect):")
+                say("this machine:" if i == 0 else "the handoff file (--expect):")
             for item in fields:
                 if not item["known"]:
-                    typer.echo(f"  {item['field']:<16} unknown here")
+                    say(f"  {item['field']:<16} unknown here")
                     continue
                 value = item["value"]
                 if isinstance(value, dict):
                     value = ", ".join(f"{k}={v}" for k, v in sorted(value.items())) or "(none)"
                 shown = "(none)" if value is None else str(value)
-                typer.echo(f"  {item['field']:<16} {shown}  [{item['source'] or 'given'}]")
+                say(f"  {item['field']:<16} {shown}  [{item['source'] or 'given'}]")
 
     run(json_, body)

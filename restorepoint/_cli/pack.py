@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +13,16 @@ from ..format import Position
 from ..ops import load_config
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..trust import load_public, load_signing_key
-from ._common import human_bytes, parse_pairs, print_json, progress_bar, run, show_progress
+from ._common import (
+    error_line,
+    human_bytes,
+    parse_pairs,
+    print_json,
+    progress_bar,
+    run,
+    say,
+    show_progress,
+)
 from ._expect import command_line_view
 
 
@@ -125,19 +133,17 @@ def pack_command(
             )  # fmt: skip
         result = done.pack
         if not json_:
-            typer.echo(
+            say(
                 f"packed {result.files} files, {human_bytes(result.bytes)} -> "
                 f"{human_bytes(result.size)} in {result.seconds:.2f} s"
             )
-            typer.echo(f"sha256 {result.sha256}")
-            typer.echo(result.url)
+            say(f"sha256 {result.sha256}")
+            say(result.url)
             for url in done.pruned.deleted if done.pruned is not None else ():
-                typer.echo(f"deleted {url}")
+                say(f"deleted {url}")
         if done.prune_error is not None:
             exc = done.prune_error
-            sys.stderr.write(
-                f"restorepoint: error: published {result.url}, but the prune failed: {exc}\n"
-            )
+            error_line(f"published {result.url}, but the prune failed: {exc}")
             if json_:
                 print_json(done.to_dict())
             raise typer.Exit(exc.exit_code)

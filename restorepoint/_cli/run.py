@@ -18,7 +18,7 @@ from ..ops.publish import HeadSpec
 from ..preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry
 from ..preempt.supervisor import publishes_itself
 from ..preempt.watchers import AWS_ENDPOINT, GCP_ENDPOINT, Watcher
-from ._common import print_json, run, warn
+from ._common import print_json, run, say, warn
 from ._expect import (
     AdapterOpt,
     AdapterOptionOpt,
@@ -283,7 +283,7 @@ def snapshot_command(
         if json_:
             print_json({"ok": True, "pid": asked, "step": step})
         else:
-            typer.echo(
+            say(
                 f"snapshot requested from pid {asked}"
                 + (f": taken at step {step}" if step is not None else "")
             )

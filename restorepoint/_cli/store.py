@@ -8,7 +8,7 @@ import typer
 
 from ..errors import UsageError
 from ..ops.store import DEFAULT_GRACE_S, latest, list_store, prune
-from ._common import human_bytes, print_json, run
+from ._common import human_bytes, print_json, run, say
 from ._trust import IdentityOpt, TrustOpt, build_trust
 
 RunOpt = Annotated[str | None, typer.Option("--run", help="Only this run's restore points.")]
@@ -43,7 +43,7 @@ def list_command(
             return
         for e in entries:
             info = e.to_dict()
-            typer.echo(
+            say(
                 f"{e.run}  step {e.step:>10}  {info['created']}  {human_bytes(e.size):>10}  {e.url}"
             )
 
@@ -70,7 +70,7 @@ def latest_command(
         if json_:
             print_json({"ok": True, **entry.to_dict()})
         else:
-            typer.echo(entry.url)
+            say(entry.url)
 
     run(json_, body)
 
@@ -122,12 +122,12 @@ def prune_command(
         verb = "would delete" if dry_run else "deleted"
         for plan in report.runs:
             for entry, reasons in plan.keep:
-                typer.echo(f"keep    {entry.url}  ({'; '.join(reasons)})")
+                say(f"keep    {entry.url}  ({'; '.join(reasons)})")
             for entry in plan.delete:
-                typer.echo(f"{'delete' if dry_run else 'deleted'} {entry.url}")
+                say(f"{'delete' if dry_run else 'deleted'} {entry.url}")
         for leftover in report.leftovers:
-            typer.echo(f"{'delete' if dry_run else 'deleted'} {leftover}  (leftover)")
+            say(f"{'delete' if dry_run else 'deleted'} {leftover}  (leftover)")
         total = sum(len(p.delete) for p in report.runs)
-        typer.echo(f"{verb} {total} restore point(s) and {len(report.leftovers)} leftover(s)")
+        say(f"{verb} {total} restore point(s) and {len(report.leftovers)} leftover(s)")
 
     run(json_, body)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..ops import verify
-from ._common import human_bytes, print_json, progress_bar, run, show_progress
+from ._common import human_bytes, print_json, progress_bar, run, say, show_progress
 from ._trust import IdentityOpt, RequireOpt, TrustOpt, build_trust
 from .store import LatestOpt, RunOpt, target
 
@@ -34,12 +34,12 @@ def verify_command(
         if json_:
             print_json(report.to_dict())
         else:
-            typer.echo(
+            say(
                 f"ok: {report.files} files, {human_bytes(report.bytes)} verified "
                 f"in {report.seconds:.2f} s (step {report.manifest.position.step})"
             )
             if report.signed_by:
                 trusted_by = ", ".join(report.trusted_by) or "no trusted key"
-                typer.echo(f"signed by {', '.join(report.signed_by)} (trusted: {trusted_by})")
+                say(f"signed by {', '.join(report.signed_by)} (trusted: {trusted_by})")
 
     run(json_, body)

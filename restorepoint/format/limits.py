@@ -13,7 +13,9 @@ __all__ = [
     "MAX_HEAD_BYTES",
     "MAX_INDEX_BYTES",
     "MAX_JSON_DEPTH",
+    "MAX_JSON_VALUES",
     "MAX_PATH_BYTES",
+    "MAX_PATH_DEPTH",
     "MAX_SAFE_INTEGER",
     "MAX_SIGNATURE_BYTES",
     "zstd_bound",
@@ -30,8 +32,18 @@ MAX_ENTRIES = 100_000
 MAX_SIGNATURE_BYTES = 64 << 10
 MAX_PATH_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
+#: Components of one payload path (directories and the file). The unpacker holds a descriptor
+#: open for every directory on the path it is writing (so that no path is ever resolved by
+#: name): this keeps it far below a default file-descriptor limit (256 on macOS, 1024 on
+#: Linux). Real checkpoints nest a few levels; MAX_PATH_BYTES alone would allow 2048.
+MAX_PATH_DEPTH = 128
 #: Nesting depth of any JSON value in the head or index (a config is the deepest part).
 MAX_JSON_DEPTH = 64
+#: Values (objects, arrays, strings, numbers, literals; member names not counted) in one JSON
+#: document, counted on its bytes before it is parsed: what a parsed value costs in memory is
+#: bounded by this, not by the document's size. The reference writer's largest index (MAX_ENTRIES
+#: entries of 9 values, and 4 more) is 900,004 values; this is twice that and more.
+MAX_JSON_VALUES = 1 << 21
 #: Every integer of the format is at most 2**53 - 1: the largest that RFC 8785 (I-JSON) and
 #: every JSON reader represent exactly. Sizes, offsets and their sums are checked against it.
 MAX_SAFE_INTEGER = (1 << 53) - 1

@@ -71,14 +71,30 @@ def open_head(reader: RangeSource, trust: Trust = NO_TRUST) -> Opened:
     return Opened(head, None, tail, check, None)
 
 
-def open_manifest(reader: RangeSource, trust: Trust = NO_TRUST, *, need_key: bool) -> Opened:
+def open_manifest(
+    reader: RangeSource,
+    trust: Trust = NO_TRUST,
+    *,
+    need_key: bool,
+    gated: Opened | None = None,
+) -> Opened:
     """Head and index, every signature present checked (validity always; trust as the policy
-    says) before either is parsed; with ``need_key``, the payload's file key unwrapped."""
-    prefix = read_prefix(reader)
-    tail = read_tail(reader, prefix.data_start)
+    says) before either is parsed; with ``need_key``, the payload's file key unwrapped.
+
+    ``gated``: what ``open_head`` read for the gate. Its head is used as it is, never read
+    again: on a store read by name, the object may be replaced between two reads, and a head
+    read a second time is not the head the gate decided on. The index must then name that
+    head (``head_sha256``, R8) and a signature sign it, so nothing of another object passes."""
+    if gated is None:
+        prefix = read_prefix(reader)
+        data_start, head_sha256 = prefix.data_start, prefix.head_sha256
+    else:
+        data_start, head_sha256 = gated.head.data_start, gated.head.head_sha256
+    tail = gated.tail if gated is not None and gated.tail is not None else None
+    tail = tail or read_tail(reader, data_start)
     index_bytes = read_index(reader, tail)
-    check = _signature(tail, prefix.head_sha256, trust)
-    head = parse_head(prefix)
+    check = _signature(tail, head_sha256, trust)
+    head = parse_head(prefix) if gated is None else gated.head
     _same_id(check, head)
     manifest = parse_index(head, tail, index_bytes)
     cipher = None

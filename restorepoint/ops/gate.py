@@ -16,9 +16,9 @@ import enum
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Final
 
 from ..errors import ConfigError, IncompatibleRestorePoint, NotFound, UsageError, at_url
@@ -480,13 +480,41 @@ def write_handoff(path: str | os.PathLike[str], document: Mapping[str, Any]) -> 
         publisher.write(data)
 
 
+class _Duplicate(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of two equal names: a handoff file saying "trainer" twice
+    # would be read as whichever came last, where the head refuses the same ambiguity.
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(f"the member {key!a} appears twice")
+        out[key] = value
+    return out
+
+
+def _read_text(path: str) -> str:
+    """A local file's text, refused unless it is a regular file (a FIFO would be waited on
+    for a writer, forever, by a plain open)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError("not a regular file", url=path)
+        os.set_blocking(fd, True)
+        return f.read().decode("utf-8")
+
+
 def load_expectations(path: str | os.PathLike[str]) -> Expectations:
     """Expectations from a handoff file (JSON). Every identity field it holds is expected."""
-    p = Path(path)
+    p = os.fspath(path)
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
+        raw = json.loads(_read_text(p), object_pairs_hook=_no_duplicates)
     except FileNotFoundError:
         raise NotFound("handoff file not found", url=str(path)) from None
+    except _Duplicate as exc:
+        raise ConfigError(f"not a handoff file: {exc}", url=str(path)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"not a readable handoff file ({exc})", url=str(path)) from None
     except RecursionError:

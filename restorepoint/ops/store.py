@@ -14,7 +14,6 @@ restore point it meant to keep, and the next prune finishes the job.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -24,7 +23,7 @@ from typing import Any
 
 from ..errors import IntegrityError, NotFound, UsageError, at_url
 from ..format import Manifest
-from ..storage import Location, ObjectInfo, is_partial_name, resolve
+from ..storage import Location, ObjectInfo, is_partial_name, parse_partial, resolve
 from ._naming import NAME_PATTERN as _NAME
 from ._naming import RUN_PATTERN as _RUN
 from ._naming import entry_name, is_store_url
@@ -387,18 +386,6 @@ def prune(
     return PruneReport(location.url, dry_run, plans, deleted, leftovers)
 
 
-def _pid_alive(name: str) -> bool:
-    """Whether the writer named in a local partial name (``...rp-partial-PID-HEX``) lives."""
-    try:
-        pid = int(name.rsplit("-", 2)[-2])
-        os.kill(pid, 0)
-    except (ValueError, IndexError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _leftovers(
     location: Location, run: str | None, grace_s: float, now: float, dry_run: bool
 ) -> list[str]:
@@ -406,12 +393,12 @@ def _leftovers(
     scope = location.join(run) if run is not None else location
     out = []
     for info in scope.list_objects():
-        base = info.name.rsplit("/", 1)[-1]
-        if not is_partial_name(base):
+        partial = parse_partial(info.name.rsplit("/", 1)[-1])
+        if partial is None:
             continue
         if info.modified is None or now - info.modified < grace_s:
             continue
-        if location.abilities.atomic_rename and _pid_alive(base):
+        if location.abilities.atomic_rename and partial.writer_alive:
             continue
         out.append(info.url)
         if not dry_run:

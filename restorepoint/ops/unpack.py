@@ -21,9 +21,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
-import secrets
 import shutil
-import socket
 import stat
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,15 +30,22 @@ from typing import Any
 
 from ..errors import DestinationError, StorageError, at_url
 from ..format import ChunkCipher, Manifest, PayloadDecoder, check_path, check_paths
-from ..storage import Location, resolve, translate
+from ..storage import (
+    OLD_MARK,
+    STAGING_MARK,
+    Location,
+    leftover_name,
+    parse_leftover,
+    resolve,
+    this_host,
+    translate,
+)
 from ._open import NO_TRUST, Trust, open_head, open_manifest
 from .gate import CLI_HINTS, CheckResult, Expectations, decide, refuse
 from .pack import default_threads
 
 __all__ = ["ImportResult", "import_restore_point"]
 
-STAGING_MARK = ".rp-import-"
-OLD_MARK = ".rp-old-"
 #: A leftover whose writer may still be alive on another host is removed only when this old.
 STALE_AFTER_S = 24 * 3600
 
@@ -110,14 +115,16 @@ def import_restore_point(
     with at_url(location.url):
         reader = location.reader()
         try:
-            head = open_head(reader, trust).head
+            gated = open_head(reader, trust)
+            head = gated.head
             result = decide(
                 location.url, head.manifest, expect, strict=strict, defer=defer, hints=hints
             )
             if not result.compatible:
                 raise refuse(result)
             replacing = _check_destination(target, force)
-            opened = open_manifest(reader, trust, need_key=True)
+            # The head the gate decided on, not a second read of it (section 18, U3).
+            opened = open_manifest(reader, trust, need_key=True, gated=gated)
             head, manifest = opened.head, opened.manifest
             assert manifest is not None
             _check_space(target, manifest)
@@ -193,93 +200,96 @@ def _check_space(target: str, manifest: Manifest) -> None:
 # -- step 4: staging ------------------------------------------------------------------------
 
 
-def _leftover_prefixes(target: str) -> tuple[str, str]:
-    name = os.path.basename(target)
-    return f".{name}{STAGING_MARK}", f".{name}{OLD_MARK}"
-
-
 def _new_name(target: str, mark: str) -> str:
-    host = socket.gethostname().replace("/", "_") or "host"
-    name = f".{os.path.basename(target)}{mark}{host}-{os.getpid()}-{secrets.token_hex(6)}"
-    return os.path.join(os.path.dirname(target), name)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return os.path.join(os.path.dirname(target), leftover_name(os.path.basename(target), mark))
 
 
 def _clean_leftovers(target: str) -> None:
     """Remove staging (and replaced) directories of earlier imports into DEST whose importer is
-    gone: on this host when its process no longer exists, from elsewhere when a day old."""
+    gone: on this host when its process no longer exists, from elsewhere when a day old. The
+    names beside DEST are anyone's: one that does not parse is kept until it is a day old, and
+    no error here stops the import (U5)."""
     parent = os.path.dirname(target)
-    host = socket.gethostname().replace("/", "_") or "host"
+    final = os.path.basename(target)
+    host = this_host()
     try:
         names = os.listdir(parent)
     except OSError:
         return
     for name in names:
-        for prefix in _leftover_prefixes(target):
-            if not name.startswith(prefix):
-                continue
-            owner, _, rest = name[len(prefix) :].rpartition("-")
-            owner_host, _, pid_text = owner.rpartition("-")
-            path = os.path.join(parent, name)
-            try:
-                age = time.time() - os.lstat(path).st_mtime
-            except OSError:
-                continue
-            mine = owner_host == host and pid_text.isdigit() and rest
-            if (mine and not _alive(int(pid_text))) or age > STALE_AFTER_S:
-                shutil.rmtree(path, ignore_errors=True)
+        leftover = parse_leftover(name, final)
+        if leftover is None:
+            continue
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            continue  # never removed (and never followed)
+        gone = leftover.host == host and leftover.pid is not None and not leftover.writer_alive
+        if gone or time.time() - st.st_mtime > STALE_AFTER_S:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class _Tree:
-    """Directories under a staging root, opened relative to each other without following any
-    link: nothing planted on the way can redirect a write outside the root."""
+    """Directories under a staging root, each opened relative to its parent's descriptor
+    without following any link: nothing planted on the way can redirect a write outside the
+    root.
+
+    Files arrive in payload order (strictly increasing UTF-8 bytes), so the files below any
+    directory come one after another: the tree is walked depth first, with descriptors open
+    only for the directories from the root to the current file (at most MAX_PATH_DEPTH, never
+    one per directory of the payload, which a wide tree would run out of), no recursion, and
+    each directory fsynced and closed once the walk has left it, after everything in it."""
 
     FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self.fds: dict[str, int] = {"": os.open(root, self.FLAGS)}
+        #: (name, descriptor) from the root (named "") down to the current directory
+        self.chain: list[tuple[str, int]] = [("", os.open(root, self.FLAGS))]
 
-    def directory(self, rel: str) -> int:
-        fd = self.fds.get(rel)
-        if fd is not None:
-            return fd
-        parent, _, name = rel.rpartition("/")
-        parent_fd = self.directory(parent)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o755, dir_fd=parent_fd)
-        fd = os.open(name, self.FLAGS, dir_fd=parent_fd)
-        self.fds[rel] = fd
-        return fd
+    def _enter(self, directories: list[str]) -> int:
+        depth = 0
+        while (
+            depth < len(directories)
+            and depth + 1 < len(self.chain)
+            and self.chain[depth + 1][0] == directories[depth]
+        ):
+            depth += 1
+        while len(self.chain) > depth + 1:
+            self._leave()
+        for name in directories[depth:]:
+            parent_fd = self.chain[-1][1]
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=parent_fd)
+            self.chain.append((name, os.open(name, self.FLAGS, dir_fd=parent_fd)))
+        return self.chain[-1][1]
+
+    def _leave(self) -> None:
+        _, fd = self.chain.pop()
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def create(self, path: str) -> int:
-        parent, _, name = path.rpartition("/")
+        *directories, name = path.split("/")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(name, flags, 0o644, dir_fd=self.directory(parent))
+        return os.open(name, flags, 0o644, dir_fd=self._enter(directories))
 
     def sync_and_close(self) -> None:
-        # Deepest first, so that each directory's entries are durable before its parent's.
-        for rel in sorted(self.fds, key=lambda r: -r.count("/") - (1 if r else 0)):
-            fd = self.fds.pop(rel)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        # Deepest first, the root last, so that each directory's entries are durable before
+        # its parent's.
+        while self.chain:
+            self._leave()
 
     def close(self) -> None:
-        for fd in self.fds.values():
+        for _, fd in self.chain:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.fds.clear()
+        self.chain.clear()
 
 
 def _unpack(
@@ -343,15 +353,17 @@ def _write_files(
     fd = -1
     current = None
     try:
-        for entry in manifest.payload:
-            if entry.size == 0:
-                os.close(tree.create(entry.path))
+        # Every file is created in payload order, which is what lets the tree hold only one
+        # chain of directories open: a file of size 0 when the decoder has checked its digest
+        # (that of no bytes), any other at its first chunk.
         for entry, chunk in decoder.events():
             if chunk is None:
                 if fd >= 0:
                     os.fsync(fd)
                     os.close(fd)
                     fd = -1
+                elif entry.size == 0:
+                    os.close(tree.create(entry.path))
                 current = None
                 continue
             if entry is not current:

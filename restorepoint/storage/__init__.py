@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from ._errors import translate, translating
 from ._location import (
-    PARTIAL_MARK,
     Abilities,
     FsspecLocation,
     LocalLocation,
@@ -14,12 +13,25 @@ from ._location import (
     ObjectReader,
     PendingUpload,
     Publisher,
-    is_partial_name,
     resolve,
+)
+from ._names import (
+    OLD_MARK,
+    PARTIAL_MARK,
+    STAGING_MARK,
+    TempName,
+    is_partial_name,
+    leftover_name,
+    parse_leftover,
+    parse_partial,
+    partial_name,
+    this_host,
 )
 
 __all__ = [
+    "OLD_MARK",
     "PARTIAL_MARK",
+    "STAGING_MARK",
     "Abilities",
     "FsspecLocation",
     "LocalLocation",
@@ -28,8 +40,14 @@ __all__ = [
     "ObjectReader",
     "PendingUpload",
     "Publisher",
+    "TempName",
     "is_partial_name",
+    "leftover_name",
+    "parse_leftover",
+    "parse_partial",
+    "partial_name",
     "resolve",
+    "this_host",
     "translate",
     "translating",
 ]

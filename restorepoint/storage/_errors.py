@@ -43,19 +43,33 @@ _RETRYABLE_NAMES = {
 }
 
 
+def _unavailable(exc: BaseException) -> bool:
+    """A failure that a retry may cure: the network, a timeout, throttling, a server error."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _RETRYABLE_NAMES or isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    status = getattr(exc, "status", None)  # aiohttp's ClientResponseError
+    return isinstance(status, int) and (status == 429 or 500 <= status <= 599)
+
+
 def translate(exc: BaseException, url: str) -> RestorePointError:
     """The StorageError (or MissingExtra) that stands for ``exc`` on ``url``."""
     if isinstance(exc, RestorePointError):
         return exc
     detail = str(exc) or type(exc).__name__
     if isinstance(exc, FileNotFoundError):
+        # fsspec's http backend turns every failure of its info request into one, a refused
+        # connection and a server error included: its cause tells them apart.
+        cause = exc.__cause__
+        if cause is not None and _unavailable(cause):
+            reason = str(cause) or type(cause).__name__
+            return StorageUnavailable(f"storage unreachable or failing ({reason})", url=url)
         return NotFound("not found", url=url)
     if isinstance(exc, PermissionError):
         return PermissionDenied(f"permission denied ({detail})", url=url)
     if isinstance(exc, FileExistsError):
         return AlreadyExists("already exists", url=url)
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if names & _RETRYABLE_NAMES or isinstance(exc, (ConnectionError, TimeoutError)):
+    if _unavailable(exc):
         return StorageUnavailable(f"storage unreachable or failing ({detail})", url=url)
     if isinstance(exc, OSError):
         if exc.errno == errno.ENOSPC:

@@ -17,38 +17,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
-from ..errors import NotFound, StorageError, UsageError
+from ..errors import NotFound, PermissionDenied, StorageError, StorageUnavailable, UsageError
 from ._errors import missing_extra, translate, translating
+from ._names import partial_name
 
 __all__ = [
-    "PARTIAL_MARK",
     "Abilities",
     "Location",
     "ObjectInfo",
     "ObjectReader",
     "PendingUpload",
     "Publisher",
-    "is_partial_name",
     "resolve",
 ]
-
-#: Every temporary name a publisher creates contains this mark and starts with a dot, so that
-#: listings never take a leftover for a restore point and cleanups can find it.
-PARTIAL_MARK = ".rp-partial-"
-
-
-def is_partial_name(name: str) -> bool:
-    return name.startswith(".") and PARTIAL_MARK in name
-
-
-def partial_name(final: str) -> str:
-    return f".{final}{PARTIAL_MARK}{os.getpid()}-{secrets.token_hex(6)}"
 
 
 @dataclass(frozen=True)
@@ -61,12 +47,19 @@ class Abilities:
     listing_cache: bool = False
     #: interrupted uploads can be listed and aborted (S3 multipart uploads)
     pending_uploads: bool = False
+    #: every read of one reader names the object version it opened (S3: its VersionId, or
+    #: If-Match with its ETag), so that ranges read by name cannot come from two objects
+    pinned_reads: bool = False
 
 
 _ABILITIES: dict[str, Abilities] = {
     "file": Abilities(atomic_rename=True, create_only=True),
     "s3": Abilities(
-        deferred_commit=True, create_only=True, listing_cache=True, pending_uploads=True
+        deferred_commit=True,
+        create_only=True,
+        listing_cache=True,
+        pending_uploads=True,
+        pinned_reads=True,
     ),
     # gcsfs can ask for a create-only upload, but the GCS emulator does not honour it, so
     # nothing here relies on it for safety.
@@ -179,12 +172,19 @@ class _LocalReader:
         self.url = url
         with translating(url):
             # One descriptor for every read: a rename over the path while we read cannot mix
-            # two objects.
-            self._file = open(path, "rb", buffering=0)  # noqa: SIM115
-            st = os.fstat(self._file.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            self._file.close()
-            raise StorageError("not a regular file", url=url)
+            # two objects. O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer
+            # (forever), before fstat could tell that it is not a file; the type is checked on
+            # the descriptor itself, so a path swapped after a stat cannot slip through.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise StorageError("not a regular file", url=url)
+                os.set_blocking(fd, True)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._file = os.fdopen(fd, "rb", buffering=0)
         self._size = st.st_size
 
     @property
@@ -316,6 +316,7 @@ class _FsspecReader:
             info = fs.info(path)
         if info.get("type") not in (None, "file"):
             raise StorageError(f"not an object ({info.get('type')})", url=url)
+        self.info = info
         self._size = int(info["size"])
 
     @property
@@ -343,6 +344,112 @@ class _FsspecReader:
             with contextlib.suppress(Exception):
                 s.close()
         self._streams.clear()
+
+
+class _PinnedS3Reader(_FsspecReader):
+    """An S3 object read as the one version it was when the reader opened it. S3 serves ranges
+    by name, so an object replaced between the gate's read and the payload's would otherwise
+    be read in parts from two objects. Every range, the payload stream's too, names the
+    object's VersionId where the bucket keeps versions (the replaced object is still read
+    whole), or else carries If-Match with its ETag (S3 then answers 412, and the read fails as
+    StorageUnavailable: a retry reads the new object, whole)."""
+
+    def __init__(self, url: str, fs: Any, path: str) -> None:
+        super().__init__(url, fs, path)
+        self._bucket, self._key, _ = fs.split_path(path)
+        version, etag = self.info.get("VersionId"), self.info.get("ETag")
+        self._pin: dict[str, str] = {}
+        if version and version != "null":
+            self._pin = {"VersionId": str(version)}
+        elif etag:
+            self._pin = {"IfMatch": str(etag)}
+
+    async def _get(self, start: int, end: int) -> bytes:
+        response = await self.fs._call_s3(
+            "get_object",
+            Bucket=self._bucket,
+            Key=self._key,
+            Range=f"bytes={start}-{end - 1}",
+            **self._pin,
+        )
+        body = response["Body"]
+        try:
+            return bytes(await body.read())
+        finally:
+            body.close()
+
+    def read_range(self, start: int, end: int) -> bytes:
+        end = min(end, self._size)
+        if end <= start:
+            return b""
+        from fsspec.asyn import sync
+
+        with translating(self.url):
+            try:
+                return bytes(sync(self.fs.loop, self._get, start, end))
+            except OSError as exc:
+                if _precondition_failed(exc):
+                    raise StorageUnavailable(
+                        "the object was replaced while it was read (its ETag changed); "
+                        "read it again",
+                        url=self.url,
+                    ) from exc
+                raise
+
+    def open_stream(self, start: int) -> BinaryIO:
+        return _RangeStream(self, start, _STREAM_BLOCK)  # type: ignore[return-value]
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether S3 refused a conditional read (If-Match): 412, in whatever s3fs made of it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "412") or status == 412:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class _RangeStream:
+    """A sequential stream made of one reader's range reads, a block at a time: what the
+    reader pins, the stream reads too."""
+
+    def __init__(self, reader: ObjectReader, start: int, block: int) -> None:
+        self._reader = reader
+        self._block = block
+        self._buffer = b""
+        self._offset = 0
+        self._next = start  # the object offset just after the buffer
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = max(0, self._reader.size - self._next) + len(self._buffer) - self._offset
+        parts = []
+        while n > 0:
+            if self._offset == len(self._buffer):
+                self._buffer = self._reader.read_range(self._next, self._next + max(n, self._block))
+                self._offset = 0
+                self._next += len(self._buffer)
+                if not self._buffer:
+                    break  # the end of the object
+            piece = self._buffer[self._offset : self._offset + n]
+            self._offset += len(piece)
+            n -= len(piece)
+            parts.append(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        self._buffer = b""
+
+    def __enter__(self) -> _RangeStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _TranslatingStream:
@@ -439,6 +546,8 @@ class FsspecLocation(Location):
         self.abilities = _ABILITIES.get(protocol, Abilities())
 
     def reader(self) -> ObjectReader:
+        if self.abilities.pinned_reads:
+            return _PinnedS3Reader(self.url, self.fs, self.path)
         return _FsspecReader(self.url, self.fs, self.path)
 
     def join(self, name: str) -> Location:
@@ -549,6 +658,49 @@ def _modified(info: dict[str, Any]) -> float | None:
     return None
 
 
+#: gcsfs's default scope (its ``access="full_control"``).
+_GCS_SCOPE = "https://www.googleapis.com/auth/devstorage."
+
+
+def _gcs_credentials(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """gcs:// options with the credentials found, or one line saying there are none.
+
+    Given no token, gcsfs tries every source in turn and ends with a GCE VM's metadata
+    server, which it asks again and again (15 s where there is none, before it falls back to
+    anonymous access; a private bucket then fails after six more tries, logging a traceback).
+    google.auth finds the same credentials (the environment, gcloud's, the metadata server,
+    whose absence it notices with short timeouts) at once, and none found is refused now, as on
+    S3; a public bucket is read with an explicit ``token="anon"`` (``FSSPEC_GCS_TOKEN=anon``).
+    A token given in any way, an endpoint of another server, or STORAGE_EMULATOR_HOST (an
+    emulator) leave gcsfs to itself."""
+    import fsspec.config
+
+    given = {**fsspec.config.conf.get("gs", {}), **fsspec.config.conf.get("gcs", {}), **options}
+    if "token" in given or "endpoint_url" in given or os.environ.get("STORAGE_EMULATOR_HOST"):
+        return options
+    try:
+        import google.auth
+        import google.auth.exceptions
+    except ImportError:  # pragma: no cover - gcsfs depends on it; let gcsfs say what is missing
+        return options
+    scope = _GCS_SCOPE + str(given.get("access", "full_control"))
+    try:
+        credentials, project = google.auth.default(scopes=[scope])
+    except google.auth.exceptions.DefaultCredentialsError:
+        raise PermissionDenied(
+            "no Google Cloud credentials found (set GOOGLE_APPLICATION_CREDENTIALS, run "
+            "`gcloud auth application-default login`, or run on a VM with a service account; "
+            "for a public bucket, FSSPEC_GCS_TOKEN=anon)",
+            url=url,
+        ) from None
+    except google.auth.exceptions.GoogleAuthError as exc:
+        raise PermissionDenied(f"Google Cloud credentials unusable ({exc})", url=url) from None
+    found: dict[str, Any] = {**options, "token": credentials}
+    if project and "project" not in given:
+        found["project"] = project
+    return found
+
+
 def _protocol_of(url: str) -> str:
     if "://" not in url:
         return "file"
@@ -577,8 +729,11 @@ def resolve(
         import fsspec.core
     except ImportError as exc:  # pragma: no cover - fsspec is a runtime dependency
         raise missing_extra(protocol, exc) from exc
+    options = dict(storage_options or {})
+    if protocol == "gcs":
+        options = _gcs_credentials(url, options)
     try:
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         raise missing_extra(protocol, exc) from exc
     except ValueError as exc:

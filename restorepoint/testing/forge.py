@@ -42,7 +42,95 @@ from ..format.identity import config_identity
 from ..format.manifest import ENCRYPTION_FEATURE
 from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
 
-__all__ = ["ForgedEntry", "Parts", "assemble", "encrypt", "sample_head"]
+__all__ = [
+    "HOSTILE_PATHS",
+    "HOSTILE_STRINGS",
+    "HOSTILE_VALUES",
+    "ForgedEntry",
+    "Parts",
+    "assemble",
+    "encrypt",
+    "sample_head",
+    "zstd_bomb",
+]
+
+#: Strings an attacker puts wherever the spec allows any string (terms, names, the cache root,
+#: unknown members): terminal control sequences, bidi overrides, separators, NUL, the longest
+#: and the least normalised. Sound restore points may hold every one; printing them must not
+#: act on the terminal.
+HOSTILE_STRINGS: tuple[str, ...] = (
+    "\x1b]0;pwned\x07",
+    "\x1b[2J\x1b[H",
+    "line\rover",
+    "new\nline",
+    "\x9b31m",
+    "\u202eevil",
+    "\u2028\u2029",
+    "\x00",
+    "\x7f",
+    "e\u0301",
+    "\ufeff",
+    "\U0001f600",
+    "%s%n%x",
+    "../../etc/passwd",
+    "x" * 5000,
+    "",
+)
+
+#: Payload paths around every rule of spec section 9: the forbidden ones (traversal, absolute,
+#: drives, backslashes, empty and dot components, controls, lengths, depth) and the allowed
+#: ones that look dangerous (C1 controls, names Windows reserves, a fullwidth solidus).
+HOSTILE_PATHS: tuple[str, ...] = (
+    "../escape",
+    "a/../../b",
+    "/etc/passwd",
+    "C:x",
+    "a\\b",
+    "a//b",
+    "a/",
+    "./a",
+    "a/./b",
+    "",
+    "a\x00b",
+    "a\x1bb",
+    "del\x7f",
+    "c1\x9b2J",
+    "\u202eevil.pt",
+    "CON",
+    "trailing.",
+    "a\uff0fb",
+    "x" * 256,
+    "/".join(["d" * 100] * 41),
+    "/".join(["d"] * 129),
+    "/".join(["d"] * 128),
+    "Model.pt",
+    "model.pt",
+    "e\u0301",
+    "\u00e9",
+    "a",
+    "a/b",
+    "\ud800",
+)
+
+#: JSON values of every type and of the edges of each range, for members whose type or range
+#: a reader must check.
+HOSTILE_VALUES: tuple[Any, ...] = (
+    None,
+    True,
+    0,
+    -1,
+    2**53 - 1,
+    float(2**53),  # the double that 2**53 is; an integer that large has no canonical form
+    1.5,
+    -0.0,
+    1e300,
+    "",
+    "1",
+    [],
+    [1, "a"],
+    {},
+    {"name": "x"},
+)
 
 FIXED_ID = "0123456789abcdef0123456789abcdef"
 FIXED_CREATED = "2026-01-01T00:00:00.000Z"
@@ -268,3 +356,21 @@ def encrypt(
             for i, chunk in enumerate(e.stored_chunks)
         ]
     return cipher
+
+
+def zstd_bomb(declared: int, expands_to: int) -> bytes:
+    """One zstd frame that declares ``declared`` content bytes and decodes to ``expands_to``
+    zeros (a few bytes of stored data either way): what a bounded decoder must refuse."""
+    import zstandard
+
+    frame = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes(expands_to))
+    params = zstandard.get_frame_parameters(frame)
+    assert params.content_size == expands_to
+    header = 4 + 1 + (0 if frame[4] & 0x20 else 1)  # magic, descriptor, window byte
+    width = {0: 1 if frame[4] & 0x20 else 0, 1: 2, 2: 4, 3: 8}[frame[4] >> 6]
+    if width == 0:
+        return frame  # no content size field to lie in
+    value = declared - 256 if width == 2 else declared  # a 2-byte field holds size - 256
+    if not 0 <= value < 1 << (8 * width):
+        raise ValueError(f"a frame of {expands_to} bytes cannot declare {declared}")
+    return frame[:header] + value.to_bytes(width, "little") + frame[header + width :]

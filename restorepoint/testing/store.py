@@ -51,7 +51,7 @@ from ..errors import AlreadyExists, NotFound
 from ..ops import PackResult, latest, list_store, pack, prune, read_manifest, verify
 from ..ops.store import DEFAULT_GRACE_S, entry_name
 from ..ops.verify import read_head_of
-from ..storage import FsspecLocation, Location, is_partial_name, resolve
+from ..storage import FsspecLocation, Location, is_partial_name, partial_name, resolve
 
 __all__ = [
     "STORE_NAME",
@@ -407,7 +407,7 @@ class StoreConformance:
         return found
 
     def partial_name(self, final: str, pid: int) -> str:
-        return f".{final}.rp-partial-{pid}-abcdef123456"
+        return partial_name(final, pid=pid, suffix="abcdef123456")
 
     @contextlib.contextmanager
     def watching(self, store_url: str, run: str) -> Iterator[list[list[str]]]:

@@ -380,6 +380,13 @@ def _valid(v: Vectors) -> None:
         nested,
         "Nested directories and NFC Unicode names, sorted by their UTF-8 bytes.",
     )
+    deepest = {"/".join(["d"] * 127) + "/deepest.bin": b"128 components\n", "top.bin": b"top\n"}
+    v.valid(
+        "valid-path-depth-limit",
+        parts_of(deepest),
+        deepest,
+        "A path of exactly MAX_PATH_DEPTH (128) components, beside one of a single component.",
+    )
 
 
 def _preamble(v: Vectors) -> None:
@@ -791,6 +798,12 @@ def _paths(v: Vectors) -> None:
             "LimitExceeded",
             "A path of 4097 bytes (components of 100 bytes).",
             ("/".join(["b" * 100] * 40) + "/" + "c" * 57,),
+        ),
+        (
+            "path-too-deep",
+            "LimitExceeded",
+            "A path of 129 components (MAX_PATH_DEPTH is 128), 257 bytes.",
+            ("/".join(["d"] * 129),),
         ),
     ]
     for name, error, fault, paths in cases:

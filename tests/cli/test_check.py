@@ -5,6 +5,7 @@ one stderr line per mismatch, the refusal as data with --json, handoff files fro
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,30 @@ def test_handoff_edited_by_hand_is_a_usage_error(tmp_path: Path, packed: tuple[s
     proc = cli("check", url, "--expect", str(tmp_path / "missing.json"))
     assert proc.returncode == 4
     assert "handoff file not found" in one_error_line(proc)
+
+
+def test_handoff_with_a_duplicate_member_is_a_usage_error(
+    tmp_path: Path, packed: tuple[str, Path]
+) -> None:
+    # json.loads keeps the last of two equal names: a handoff saying "terms" twice was read
+    # as whichever came last. The head refuses duplicates; so does the handoff now.
+    url, handoff = packed
+    text = handoff.read_text("utf-8").rstrip().removesuffix("}")
+    doubled = tmp_path / "doubled.json"
+    doubled.write_text(text + ',\n  "terms": {"cuda": "0.0"}\n}\n', "utf-8")
+    assert json.loads(doubled.read_text("utf-8"))["terms"] == {"cuda": "0.0"}
+    for verb in (("check", url), ("import", url, str(tmp_path / "dest"))):
+        proc = cli(*verb, "--expect", str(doubled), "--json")
+        assert proc.returncode == 2
+        assert one_error_line(proc).endswith("not a handoff file: the member 'terms' appears twice")
+        assert json.loads(proc.stdout)["error"]["class"] == "ConfigError"
+    assert not (tmp_path / "dest").exists()
+    # and a handoff "file" that is a FIFO is refused, not waited on
+    fifo = tmp_path / "handoff.fifo"
+    os.mkfifo(fifo)
+    proc = cli("check", url, "--expect", str(fifo), timeout=30)
+    assert proc.returncode == 2
+    assert one_error_line(proc).endswith("not a regular file")
 
 
 def test_config_file_in_yaml_or_toml_gives_the_identity(

@@ -244,3 +244,29 @@ def test_sigterm_during_pack_publishes_nothing(tmp_path: Path) -> None:
     assert "terminated" in err and "Traceback" not in err
     assert dest.read_bytes() == b"previous"
     assert not [p for p in tmp_path.iterdir() if ".rp-partial-" in p.name]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["verify"], ["inspect"], ["inspect", "--head"], ["check", "--term", "torch=2"], ["import"]],
+    ids=lambda a: " ".join(a),
+)
+def test_a_url_that_is_not_a_regular_file_is_exit_4_at_once(
+    tmp_path: Path, args: list[str]
+) -> None:
+    # A FIFO used to hang the reader in open() until some writer came along: the type is
+    # now checked on a descriptor opened without waiting. Nothing writes to it here, so an
+    # open that waits runs into the timeout.
+    fifo = tmp_path / "pipe.rp"
+    os.mkfifo(fifo)
+    verb, *options = args
+    dest = [str(tmp_path / "dest")] if verb == "import" else []
+    proc = cli(verb, str(fifo), *dest, *options, "--json", timeout=30)
+    assert proc.returncode == 4
+    assert one_error_line(proc) == f"restorepoint: error: {fifo}: not a regular file"
+    assert json.loads(proc.stdout)["error"]["class"] == "StorageError"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.rp"]
+    for other in (tmp_path, Path(os.devnull)):  # a directory, a character device
+        proc = cli(verb, str(other), *dest, *options, timeout=30)
+        assert proc.returncode == 4
+        assert one_error_line(proc).endswith(": not a regular file")

@@ -196,6 +196,28 @@ def test_prune_deletes_and_says_so(store: tuple[Path, dict[str, list[str]]]) -> 
     assert not leftover.exists() and not Path(urls["a"][0]).exists()
 
 
+@pytest.mark.parametrize("pid", ["99999999999999999999", "\u00b2", "0", "4294967296"])
+def test_prune_takes_a_partial_name_with_an_impossible_pid_for_a_dead_writer(
+    store: tuple[Path, dict[str, list[str]]], pid: str
+) -> None:
+    # A huge PID made os.kill raise OverflowError and "²" made int() raise ValueError: prune
+    # crashed (exit 70) on a name anyone with write access to the store can plant. A PID that
+    # no process can have names no live writer: the old partial name is a leftover.
+    root, urls = store
+    leftover = root / "a" / f".x.rp.rp-partial-{pid}-0123456789ab"
+    leftover.write_bytes(b"half")
+    os.utime(leftover, (1_000_000, 1_000_000))
+    young = root / "a" / f".y.rp.rp-partial-{pid}-0123456789ab"
+    young.write_bytes(b"half")
+    proc = cli("prune", str(root), "--keep-last", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout.splitlines()[-1] == "deleted 0 restore point(s) and 1 leftover(s)"
+    assert not leftover.exists()
+    assert young.exists()  # within the grace period, whatever its PID
+    assert all(Path(url).exists() for run in urls.values() for url in run)
+
+
 # -- pack into a store -----------------------------------------------------------------------
 
 

@@ -642,6 +642,7 @@ def test_schema_constants_equal_the_code(schema: dict[str, Any]) -> None:
     assert chunk_sizes[0] == limits.CHUNK_SIZE_MIN
     assert chunk_sizes[-1] == limits.CHUNK_SIZE_MAX
     assert defs["path"]["maxLength"] == limits.MAX_PATH_BYTES
+    assert defs["path"]["pattern"].endswith(f"{{0,{limits.MAX_PATH_DEPTH - 1}}}$")
     features = defs["head"]["properties"]["required_features"]["items"]["enum"]
     assert features == sorted(KNOWN_FEATURES) == [FEATURE]
     assert [defs["encryption"]["properties"]["scheme"]["const"]] == sorted(ENCRYPTION_SCHEMES)

@@ -1,10 +1,14 @@
-"""POSIX helpers, once: the fsync of a directory, the atomic write of a small file, whether a
-process is alive, and when it started. Every module that needs one of these calls it here."""
+"""POSIX helpers, once: the fsync of a file or a directory, the atomic write of a small file,
+the atomic exchange of two paths, whether a process is alive, and when it started. Every
+module that needs one of these calls it here."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import enum
+import errno
 import os
 import threading
 from pathlib import Path
@@ -13,7 +17,9 @@ __all__ = [
     "Disposition",
     "atomic_write",
     "fsync_dir",
+    "fsync_file",
     "pid_alive",
+    "rename_exchange",
     "signal_disposition",
     "started_after",
 ]
@@ -26,6 +32,39 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Make a file's contents durable (before it is renamed into place)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def rename_exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where the system or
+    the file system does not support it, OSError for any other failure."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    func = getattr(libc, "renameat2", None)
+    if func is None:
+        return False
+    func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    rc = func(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from .._posix import fsync_dir, fsync_file
 from ..errors import MissingExtra, RestorePointError, UsageError
 from ..format import Manifest, Position, Trainer
 from ..ops import Expectations, describe
@@ -119,14 +120,6 @@ def _run_id(run: str | None, config: Mapping[str, Any] | None, operational: Iter
     if head.run is None:
         raise UsageError("a store needs a run: give run= or config=")
     return head.run
-
-
-def _fsync(path: Path, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PreemptionCallback(pl.Callback):
@@ -352,9 +345,9 @@ class PreemptionCallback(pl.Callback):
         partial, final = self.dirpath / _PARTIAL, self.dirpath / LAST
         trainer.save_checkpoint(partial)  # on every rank: some strategies save collectively
         if trainer.is_global_zero:
-            _fsync(partial)
+            fsync_file(partial)
             os.replace(partial, final)
-            _fsync(self.dirpath, directory=True)
+            fsync_dir(self.dirpath)
 
     def _pack(self, step: int, epoch: int) -> None:
         head = HeadSpec.from_view(
@@ -479,7 +472,7 @@ def _import_last(
         # run code never becomes the one a requeued job resumes from.
         check_loadable(staging / LAST, extra_globals=safe_globals)
         os.replace(staging / LAST, directory / LAST)
-        _fsync(directory, directory=True)
+        fsync_dir(directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

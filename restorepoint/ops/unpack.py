@@ -17,9 +17,6 @@ recognisable staging directory that the next import beside the same DEST removes
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import errno
 import os
 import shutil
 import stat
@@ -28,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._posix import fsync_dir, rename_exchange
 from ..errors import DestinationError, StorageError, at_url
 from ..format import ChunkCipher, Manifest, PayloadDecoder, check_path, check_paths
 from ..storage import (
@@ -381,28 +379,6 @@ def _write_files(
 
 # -- step 5: into place ---------------------------------------------------------------------
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    func = getattr(libc, "renameat2", None)
-    if func is None:
-        return False
-    func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    rc = func(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    if rc == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), b)
-
 
 def _commit(staging: str, target: str, replacing: bool) -> None:
     parent = os.path.dirname(target)
@@ -410,7 +386,7 @@ def _commit(staging: str, target: str, replacing: bool) -> None:
         if not replacing:
             # rename(2) also replaces an empty directory atomically.
             os.rename(staging, target)
-        elif _exchange(staging, target):
+        elif rename_exchange(staging, target):
             shutil.rmtree(staging, ignore_errors=True)  # now the previous contents
         else:
             # No atomic exchange on this file system: move the old tree aside under a
@@ -427,11 +403,7 @@ def _commit(staging: str, target: str, replacing: bool) -> None:
                     os.rename(old, target)
                 raise
             shutil.rmtree(old, ignore_errors=True)
-        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(parent)
     except OSError as exc:
         raise StorageError(
             f"cannot move the import into place ({exc.strerror})", url=target

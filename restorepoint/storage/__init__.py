@@ -1,20 +1,18 @@
 """Storage: a URL becomes a Location that can be read in ranges and published to atomically.
-Knows nothing of the restore-point format."""
+Knows nothing of the restore-point format.
+
+One module per backend: ``_local`` (POSIX files), ``_fsspec`` (any fsspec URL), ``_s3`` and
+``_gcs`` (what is theirs alone); ``_base`` holds the protocols and values they share,
+``_resolve`` picks the backend for a URL, ``_names`` makes and parses temporary names, and
+``_errors`` translates every library's errors into restorepoint's."""
 
 from __future__ import annotations
 
+from ._base import Abilities, Location, ObjectInfo, ObjectReader, PendingUpload, Publisher
 from ._errors import translate, translating
-from ._location import (
-    Abilities,
-    FsspecLocation,
-    LocalLocation,
-    Location,
-    ObjectInfo,
-    ObjectReader,
-    PendingUpload,
-    Publisher,
-    resolve,
-)
+from ._fsspec import FsspecLocation
+from ._gcs import GCSLocation
+from ._local import LocalLocation
 from ._names import (
     OLD_MARK,
     PARTIAL_MARK,
@@ -27,6 +25,8 @@ from ._names import (
     partial_name,
     this_host,
 )
+from ._resolve import resolve
+from ._s3 import S3Location
 
 __all__ = [
     "OLD_MARK",
@@ -34,12 +34,14 @@ __all__ = [
     "STAGING_MARK",
     "Abilities",
     "FsspecLocation",
+    "GCSLocation",
     "LocalLocation",
     "Location",
     "ObjectInfo",
     "ObjectReader",
     "PendingUpload",
     "Publisher",
+    "S3Location",
     "TempName",
     "is_partial_name",
     "leftover_name",

@@ -375,8 +375,8 @@ class StoreConformance:
         # Another process (here: another filesystem instance, with caches of its own)
         # publishes a new object under the same name.
         fs2, path2 = fsspec.core.url_to_fs(url, skip_instance_cache=True, **storage_options)
-        protocol = fs2.protocol if isinstance(fs2.protocol, str) else fs2.protocol[0]
-        with FsspecLocation(url, fs2, path2, protocol).publish() as pub:
+        backend = type(first) if isinstance(first, FsspecLocation) else FsspecLocation
+        with backend(url, fs2, path2).publish() as pub:
             pub.write(new)
         assert self.raw_get(url) == new
         again = self.location(url, storage_options)
@@ -530,7 +530,7 @@ class StoreConformance:
             # Another process: here another filesystem instance, with caches of its own.
             fs2, path2 = fsspec.core.url_to_fs(store, skip_instance_cache=True, **options)
             assert fs2 is not first.fs
-            second: Location = FsspecLocation(store, fs2, path2, first.protocol)
+            second: Location = type(first)(store, fs2, path2)
         else:
             second = resolve(store, options)
         b = pack(checkpoint(tmp_path / "b", 4), second, into_store=True, position=2, run="run-a")
@@ -741,7 +741,7 @@ class StoreConformance:
 
 
 def _backend(location: Location) -> str:
-    return str(getattr(location, "protocol", "file"))
+    return location.protocol
 
 
 def read_all(stream: Any, piece: int = 50_000) -> bytes:

@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     if "--no-exchange" in argv[3:]:
         from restorepoint.ops import unpack
 
-        unpack._exchange = lambda a, b: False
+        unpack.rename_exchange = lambda a, b: False
     print("ready", flush=True)
     restorepoint.import_restore_point(url, dest, force=force)
     print("imported", flush=True)

@@ -185,7 +185,7 @@ def test_force_replaces_with_exactly_the_new_tree(
     (dest / "sub").mkdir()
     (dest / "sub" / "stale.txt").write_bytes(b"must not survive")
     if not exchange:
-        monkeypatch.setattr(unpack, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(unpack, "rename_exchange", lambda a, b: False)
     restorepoint.import_restore_point(rp, dest, force=True)
     # Exactly the new tree: nothing of the old one merged in, no leftover beside it.
     assert files_of(dest) == SOURCE_FILES
@@ -196,7 +196,7 @@ def test_exchange_is_really_available_here(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     make_tree(a, {"from-a": b"a"})
     make_tree(b, {"from-b": b"b"})
-    if not unpack._exchange(str(a), str(b)):
+    if not unpack.rename_exchange(str(a), str(b)):
         pytest.skip("renameat2(RENAME_EXCHANGE) is not supported on this file system")
     assert os.listdir(a) == ["from-b"] and os.listdir(b) == ["from-a"]
 
@@ -206,7 +206,7 @@ def test_fallback_puts_the_old_tree_back_when_the_second_rename_fails(
 ) -> None:
     dest = out / "ckpt"
     old = old_tree(dest)
-    monkeypatch.setattr(unpack, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(unpack, "rename_exchange", lambda a, b: False)
     real_rename = os.rename
 
     def failing_rename(src: Any, dst: Any) -> None:

@@ -25,8 +25,7 @@ from restorepoint.ops.store import (
     parse_duration,
     prune,
 )
-from restorepoint.storage import resolve
-from restorepoint.storage._location import LocalLocation
+from restorepoint.storage import LocalLocation, resolve
 
 CHUNK = 65536
 #: Every restore point here is created at a time relative to this one, so that names (and

@@ -18,7 +18,7 @@ from s3fs import S3FileSystem
 import restorepoint
 from restorepoint import Expectations, IncompatibleRestorePoint
 from restorepoint.format.limits import GATE_PREFIX_MAX
-from restorepoint.storage import FsspecLocation
+from restorepoint.storage import S3Location
 
 pytestmark = pytest.mark.s3
 
@@ -124,10 +124,10 @@ def large(
 
 
 @pytest.fixture
-def counted(large: Large) -> tuple[FsspecLocation, Meter]:
+def counted(large: Large) -> tuple[S3Location, Meter]:
     fs = CountingS3FileSystem(skip_instance_cache=True, **large.options)
     fs.meter = Meter()
-    location = FsspecLocation(large.url, fs, f"{large.bucket}/{large.key}", "s3")
+    location = S3Location(large.url, fs, f"{large.bucket}/{large.key}")
     return location, fs.meter
 
 
@@ -150,7 +150,7 @@ def test_the_object_is_large(large: Large, s3_client: Any) -> None:
 
 
 def test_check_refusal_reads_at_most_the_gate_prefix(
-    counted: tuple[FsspecLocation, Meter],
+    counted: tuple[S3Location, Meter],
 ) -> None:
     location, meter = counted
     with pytest.raises(IncompatibleRestorePoint) as info:
@@ -163,7 +163,7 @@ def test_check_refusal_reads_at_most_the_gate_prefix(
 
 
 def test_check_acceptance_reads_at_most_the_gate_prefix(
-    large: Large, counted: tuple[FsspecLocation, Meter]
+    large: Large, counted: tuple[S3Location, Meter]
 ) -> None:
     location, meter = counted
     expect = Expectations(terms=dict(large.manifest.terms), cache_root="s3://cache/run")
@@ -172,7 +172,7 @@ def test_check_acceptance_reads_at_most_the_gate_prefix(
 
 
 def test_import_refusal_reads_at_most_the_gate_prefix_and_writes_nothing(
-    tmp_path: Path, counted: tuple[FsspecLocation, Meter]
+    tmp_path: Path, counted: tuple[S3Location, Meter]
 ) -> None:
     location, meter = counted
     dest = tmp_path / "restore" / "DEST"
@@ -187,7 +187,7 @@ def test_import_refusal_reads_at_most_the_gate_prefix_and_writes_nothing(
 
 
 def test_verify_reads_the_whole_payload_through_the_same_counter(
-    large: Large, counted: tuple[FsspecLocation, Meter]
+    large: Large, counted: tuple[S3Location, Meter]
 ) -> None:
     # The control: the counter sees payload reads, so the bounds above are not vacuous.
     location, meter = counted

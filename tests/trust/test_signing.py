@@ -437,11 +437,11 @@ def counted(s3: OnS3, key: str) -> tuple[Any, Any]:
     # The counting filesystem of the gate's bounded-read test, reused as it is.
     from storage.test_gate_bounded_read import CountingS3FileSystem, Meter
 
-    from restorepoint.storage import FsspecLocation
+    from restorepoint.storage import S3Location
 
     fs = CountingS3FileSystem(skip_instance_cache=True, **s3.options)
     fs.meter = Meter()
-    return FsspecLocation(f"s3://{s3.bucket}/{key}", fs, f"{s3.bucket}/{key}", "s3"), fs.meter
+    return S3Location(f"s3://{s3.bucket}/{key}", fs, f"{s3.bucket}/{key}"), fs.meter
 
 
 @pytest.mark.s3

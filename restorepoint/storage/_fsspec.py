@@ -1,0 +1,254 @@
+"""Any fsspec URL: reads through the filesystem, publishes by a deferred commit where the
+backend declares one (S3, GCS; spec 15.2), else by a staged move (15.3). ``_s3`` and ``_gcs``
+subclass it with what is theirs alone."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, BinaryIO, ClassVar
+
+from ..errors import NotFound, StorageError
+from ._base import (
+    Abilities,
+    Location,
+    ObjectInfo,
+    ObjectReader,
+    Publisher,
+    TranslatingStream,
+    join_url,
+)
+from ._errors import translating
+from ._names import partial_name
+
+__all__ = ["FsspecLocation", "RangeStream"]
+
+_STREAM_BLOCK = 8 << 20
+
+
+class _FsspecReader:
+    def __init__(self, url: str, fs: Any, path: str) -> None:
+        self.url = url
+        self.fs = fs
+        self.path = path
+        self._streams: list[Any] = []
+        with translating(url):
+            # Listing caches (s3fs, gcsfs) may hold an older size: ask the store itself.
+            fs.invalidate_cache(path)
+            info = fs.info(path)
+        if info.get("type") not in (None, "file"):
+            raise StorageError(f"not an object ({info.get('type')})", url=url)
+        self.info = info
+        self._size = int(info["size"])
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_range(self, start: int, end: int) -> bytes:
+        # data[start:end] as for a local file: S3 refuses a range that starts at or past the
+        # end (416) where a file read just returns nothing.
+        end = min(end, self._size)
+        if end <= start:
+            return b""
+        with translating(self.url):
+            return bytes(self.fs.cat_file(self.path, start=start, end=end))
+
+    def open_stream(self, start: int) -> BinaryIO:
+        with translating(self.url):
+            stream = self.fs.open(self.path, "rb", block_size=_STREAM_BLOCK, cache_type="readahead")
+            stream.seek(start)
+        self._streams.append(stream)
+        return TranslatingStream(stream, self.url)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for s in self._streams:
+            with contextlib.suppress(Exception):
+                s.close()
+        self._streams.clear()
+
+
+class RangeStream:
+    """A sequential stream made of one reader's range reads, a block at a time: what the
+    reader pins, the stream reads too."""
+
+    def __init__(self, reader: ObjectReader, start: int, block: int) -> None:
+        self._reader = reader
+        self._block = block
+        self._buffer = b""
+        self._offset = 0
+        self._next = start  # the object offset just after the buffer
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = max(0, self._reader.size - self._next) + len(self._buffer) - self._offset
+        parts = []
+        while n > 0:
+            if self._offset == len(self._buffer):
+                self._buffer = self._reader.read_range(self._next, self._next + max(n, self._block))
+                self._offset = 0
+                self._next += len(self._buffer)
+                if not self._buffer:
+                    break  # the end of the object
+            piece = self._buffer[self._offset : self._offset + n]
+            self._offset += len(piece)
+            n -= len(piece)
+            parts.append(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        self._buffer = b""
+
+    def __enter__(self) -> RangeStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _DeferredPublisher:
+    """Multipart / resumable upload under the final name, completed only by ``commit``."""
+
+    def __init__(self, url: str, fs: Any, path: str, size_hint: int, create_only: bool) -> None:
+        self.url = url
+        # S3 allows 10,000 parts; 16 MiB parts cover 160 GB, larger objects get larger parts.
+        block = max(16 << 20, -(-size_hint // 9000))
+        block = -(-block // (1 << 20)) << 20
+        with translating(url):
+            self.file = fs.open(
+                path, "xb" if create_only else "wb", autocommit=False, block_size=block
+            )
+
+    def write(self, data: bytes) -> None:
+        with translating(self.url):
+            self.file.write(data)
+
+    def commit(self) -> None:
+        with translating(self.url):
+            self.file.close()
+            self.file.commit()
+
+    def discard(self) -> None:
+        with contextlib.suppress(Exception):
+            self.file.discard()
+        # Never let close() (or garbage collection calling it) upload or commit anything.
+        self.file.closed = True
+
+
+class _StagedPublisher:
+    """Write under a temporary name, then move into place."""
+
+    def __init__(self, url: str, fs: Any, path: str, create_only: bool) -> None:
+        self.url = url
+        self.fs = fs
+        self.path = path
+        self.create_only = create_only
+        parent, _, name = path.rpartition("/")
+        self.temp = f"{parent}/{partial_name(name)}" if parent else partial_name(name)
+        with translating(url):
+            if parent:
+                fs.makedirs(parent, exist_ok=True)
+            self.file = fs.open(self.temp, "wb")
+
+    def write(self, data: bytes) -> None:
+        with translating(self.url):
+            self.file.write(data)
+
+    def commit(self) -> None:
+        with translating(self.url):
+            self.file.close()
+            if self.create_only and self.fs.exists(self.path):
+                self.fs.rm(self.temp)
+                raise FileExistsError(self.path)
+            self.fs.mv(self.temp, self.path)
+
+    def discard(self) -> None:
+        with contextlib.suppress(Exception):
+            self.file.close()
+        with contextlib.suppress(Exception):
+            self.fs.rm(self.temp)
+
+
+class FsspecLocation(Location):
+    """Any fsspec backend, as generic as fsspec: no ability declared (``memory://`` and the
+    like are published by a staged move, as atomic as the backend's move)."""
+
+    abilities: ClassVar[Abilities] = Abilities()
+
+    def __init__(self, url: str, fs: Any, path: str) -> None:
+        self.url = url
+        self.fs = fs
+        self.path = path
+
+    @property
+    def protocol(self) -> str:
+        names = self.fs.protocol
+        return str(names if isinstance(names, str) else names[0])
+
+    def reader(self) -> ObjectReader:
+        return _FsspecReader(self.url, self.fs, self.path)
+
+    def join(self, name: str) -> Location:
+        return type(self)(join_url(self.url, name), self.fs, f"{self.path.rstrip('/')}/{name}")
+
+    def list_objects(self) -> list[ObjectInfo]:
+        root = self.path.rstrip("/")
+        with translating(self.url):
+            self.fs.invalidate_cache(root)
+            try:
+                found = self.fs.find(root, detail=True, withdirs=False)
+            except FileNotFoundError:
+                found = {}
+            if not found and self.abilities.deferred_commit:
+                # An empty prefix is an empty store; a missing bucket is a typo to report.
+                bucket = root.split("/", 1)[0]
+                self.fs.invalidate_cache(bucket)
+                if not self.fs.exists(bucket):
+                    raise NotFound(f"bucket {bucket!r} not found", url=self.url)
+        out = []
+        for key, info in found.items():
+            if info.get("type", "file") != "file":
+                continue
+            name = key.rstrip("/")
+            if not name.startswith(root + "/"):
+                continue
+            rel = name[len(root) + 1 :]
+            out.append(
+                ObjectInfo(
+                    rel, join_url(self.url, rel), int(info.get("size") or 0), _modified(info)
+                )
+            )
+        return sorted(out, key=lambda o: o.name)
+
+    def delete(self) -> None:
+        with translating(self.url):
+            try:
+                self.fs.rm_file(self.path)
+            except FileNotFoundError:
+                return
+            finally:
+                self.fs.invalidate_cache(self.path)
+
+    def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
+        if self.abilities.deferred_commit:
+            return _DeferredPublisher(self.url, self.fs, self.path, size_hint, create_only)
+        return _StagedPublisher(self.url, self.fs, self.path, create_only)
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """An fsspec info dict's modification time: each backend names it its own way."""
+    for key in ("mtime", "LastModified", "updated", "created", "timeCreated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            from datetime import datetime
+
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None

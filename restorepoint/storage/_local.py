@@ -1,0 +1,153 @@
+"""Local paths and file:// URLs: POSIX files, published by a rename (spec 15.1)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from typing import BinaryIO, ClassVar
+
+from .._posix import fsync_dir
+from ..errors import StorageError
+from ._base import (
+    Abilities,
+    Location,
+    ObjectInfo,
+    ObjectReader,
+    Publisher,
+    TranslatingStream,
+    join_url,
+)
+from ._errors import translate, translating
+from ._names import partial_name
+
+__all__ = ["LocalLocation"]
+
+
+class _LocalReader:
+    def __init__(self, url: str, path: str) -> None:
+        self.url = url
+        with translating(url):
+            # One descriptor for every read: a rename over the path while we read cannot mix
+            # two objects. O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer
+            # (forever), before fstat could tell that it is not a file; the type is checked on
+            # the descriptor itself, so a path swapped after a stat cannot slip through.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise StorageError("not a regular file", url=url)
+                os.set_blocking(fd, True)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._file = os.fdopen(fd, "rb", buffering=0)
+        self._size = st.st_size
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_range(self, start: int, end: int) -> bytes:
+        # pread allocates the whole count first: an end far past the object must not.
+        count = min(end, self._size) - start
+        if count <= 0:
+            return b""
+        with translating(self.url):
+            return os.pread(self._file.fileno(), count, start)
+
+    def open_stream(self, start: int) -> BinaryIO:
+        with translating(self.url):
+            fd = os.dup(self._file.fileno())
+            stream = os.fdopen(fd, "rb", buffering=1 << 20)
+            stream.seek(start)
+            return TranslatingStream(stream, self.url)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _LocalPublisher:
+    def __init__(self, url: str, path: str, create_only: bool) -> None:
+        self.url = url
+        self.path = path
+        self.create_only = create_only
+        self.directory = os.path.dirname(path) or "."
+        with translating(url):
+            os.makedirs(self.directory, exist_ok=True)
+            self.temp = os.path.join(self.directory, partial_name(os.path.basename(path)))
+            self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+
+    def write(self, data: bytes) -> None:
+        with translating(self.url):
+            view = memoryview(data)
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+
+    def commit(self) -> None:
+        with translating(self.url):
+            os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+            if self.create_only:
+                # link() fails if the name exists: a create-only publish never replaces.
+                os.link(self.temp, self.path)
+                os.unlink(self.temp)
+            else:
+                os.replace(self.temp, self.path)
+            fsync_dir(self.directory)
+
+    def discard(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+        with contextlib.suppress(OSError):
+            os.unlink(self.temp)
+
+
+class LocalLocation(Location):
+    abilities: ClassVar[Abilities] = Abilities(atomic_rename=True, create_only=True)
+
+    def __init__(self, url: str, path: str) -> None:
+        self.url = url
+        self.path = os.path.abspath(path)
+
+    def reader(self) -> ObjectReader:
+        return _LocalReader(self.url, self.path)
+
+    def join(self, name: str) -> Location:
+        return LocalLocation(join_url(self.url, name), os.path.join(self.path, *name.split("/")))
+
+    def list_objects(self) -> list[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        if not os.path.isdir(self.path):
+            return out
+
+        def onerror(exc: OSError) -> None:
+            raise translate(exc, self.url)
+
+        with translating(self.url):
+            for directory, _dirs, names in os.walk(self.path, onerror=onerror):
+                for name in names:
+                    full = os.path.join(directory, name)
+                    try:
+                        st = os.lstat(full)
+                    except FileNotFoundError:
+                        continue  # removed while we listed
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    rel = os.path.relpath(full, self.path).replace(os.sep, "/")
+                    out.append(ObjectInfo(rel, join_url(self.url, rel), st.st_size, st.st_mtime))
+        return sorted(out, key=lambda o: o.name)
+
+    def delete(self) -> None:
+        with translating(self.url):
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                return
+
+    def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
+        return _LocalPublisher(self.url, self.path, create_only)

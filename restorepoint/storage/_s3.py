@@ -1,0 +1,132 @@
+"""S3: what is S3's own beside fsspec's generic backend: reads pinned to the object version
+they opened (a replace between the gate's read and the payload's is never read as one object),
+and the interrupted multipart uploads a killed writer leaves, listed and aborted by prune."""
+
+from __future__ import annotations
+
+from typing import Any, BinaryIO, ClassVar
+
+from ..errors import StorageUnavailable
+from ._base import Abilities, ObjectReader, PendingUpload, join_url
+from ._errors import translating
+from ._fsspec import _STREAM_BLOCK, FsspecLocation, RangeStream, _FsspecReader
+
+__all__ = ["S3Location"]
+
+
+class _PinnedS3Reader(_FsspecReader):
+    """An S3 object read as the one version it was when the reader opened it. S3 serves ranges
+    by name, so an object replaced between the gate's read and the payload's would otherwise
+    be read in parts from two objects. Every range, the payload stream's too, names the
+    object's VersionId where the bucket keeps versions (the replaced object is still read
+    whole), or else carries If-Match with its ETag (S3 then answers 412, and the read fails as
+    StorageUnavailable: a retry reads the new object, whole)."""
+
+    def __init__(self, url: str, fs: Any, path: str) -> None:
+        super().__init__(url, fs, path)
+        self._bucket, self._key, _ = fs.split_path(path)
+        version, etag = self.info.get("VersionId"), self.info.get("ETag")
+        self._pin: dict[str, str] = {}
+        if version and version != "null":
+            self._pin = {"VersionId": str(version)}
+        elif etag:
+            self._pin = {"IfMatch": str(etag)}
+
+    async def _get(self, start: int, end: int) -> bytes:
+        response = await self.fs._call_s3(
+            "get_object",
+            Bucket=self._bucket,
+            Key=self._key,
+            Range=f"bytes={start}-{end - 1}",
+            **self._pin,
+        )
+        body = response["Body"]
+        try:
+            return bytes(await body.read())
+        finally:
+            body.close()
+
+    def read_range(self, start: int, end: int) -> bytes:
+        end = min(end, self._size)
+        if end <= start:
+            return b""
+        from fsspec.asyn import sync
+
+        with translating(self.url):
+            try:
+                return bytes(sync(self.fs.loop, self._get, start, end))
+            except OSError as exc:
+                if _precondition_failed(exc):
+                    raise StorageUnavailable(
+                        "the object was replaced while it was read (its ETag changed); "
+                        "read it again",
+                        url=self.url,
+                    ) from exc
+                raise
+
+    def open_stream(self, start: int) -> BinaryIO:
+        return RangeStream(self, start, _STREAM_BLOCK)  # type: ignore[return-value]
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether S3 refused a conditional read (If-Match): 412, in whatever s3fs made of it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "412") or status == 412:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class S3Location(FsspecLocation):
+    """s3:// (and s3a://) through s3fs: a multipart upload completed only at the end, a
+    create-only completion (If-None-Match), reads pinned to the version opened, interrupted
+    uploads listed and aborted."""
+
+    abilities: ClassVar[Abilities] = Abilities(
+        deferred_commit=True, create_only=True, pending_uploads=True, pinned_reads=True
+    )
+
+    @property
+    def protocol(self) -> str:
+        return "s3"
+
+    def reader(self) -> ObjectReader:
+        return _PinnedS3Reader(self.url, self.fs, self.path)
+
+    def pending_uploads(self) -> list[PendingUpload]:
+        bucket, _, prefix = self.path.partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        out = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        with translating(self.url):
+            while True:
+                page = self.fs.call_s3("list_multipart_uploads", **kwargs)
+                for up in page.get("Uploads", []) or []:
+                    rel = up["Key"][len(prefix) :]
+                    initiated = up.get("Initiated")
+                    out.append(
+                        PendingUpload(
+                            rel,
+                            join_url(self.url, rel),
+                            initiated.timestamp() if hasattr(initiated, "timestamp") else None,
+                            up["UploadId"],
+                        )
+                    )
+                if not page.get("IsTruncated"):
+                    break
+                kwargs["KeyMarker"] = page.get("NextKeyMarker")
+                kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+        return out
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        bucket, _, prefix = self.path.partition("/")
+        key = (prefix.rstrip("/") + "/" if prefix else "") + upload.name
+        with translating(self.url):
+            self.fs.call_s3(
+                "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload.upload_id
+            )

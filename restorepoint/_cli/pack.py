@@ -60,9 +60,28 @@ def pack_command(
         int | None,
         typer.Option(min=1, help="DEST is a store: then prune the run to its N newest."),
     ] = None,
+    codec: Annotated[
+        str,
+        typer.Option(
+            help="auto: each chunk as is, zstd or byte planes, whichever is smallest (needs a "
+            "reader with planes/1); zstd: every chunk compressed whole; none: stored as is."
+        ),
+    ] = "auto",
     level: Annotated[
-        int, typer.Option(min=-7, max=22, help="zstd level; 0 stores the payload uncompressed.")
+        int,
+        typer.Option(
+            min=-7,
+            max=22,
+            help="zstd level of what is compressed whole; 0 stores the payload uncompressed.",
+        ),
     ] = 1,
+    object_sha256: Annotated[
+        bool,
+        typer.Option(
+            "--object-sha256",
+            help="Also print the whole object's sha256 (a second pass over every stored byte).",
+        ),
+    ] = False,
     sign: Annotated[
         list[Path] | None,
         typer.Option("--sign", help="Sign with this Ed25519 private key (repeatable)."),
@@ -127,6 +146,8 @@ def pack_command(
                 cache_keys=parse_pairs(key, "--key"),
                 cache_root=cache_root,
                 level=level,
+                codec=codec,
+                object_sha256=object_sha256,
                 run=run_id,
                 sign=[load_signing_key(p) for p in sign or []],
                 encrypt_to=[load_public(p, "encryption") for p in encrypt_to or []],
@@ -142,7 +163,9 @@ def pack_command(
                 f"packed {result.files} files, {human_bytes(result.bytes)} -> "
                 f"{human_bytes(result.size)} in {result.seconds:.2f} s"
             )
-            typer.echo(f"sha256 {result.sha256}")
+            typer.echo(f"digest {result.digest}")
+            if result.sha256 is not None:
+                typer.echo(f"sha256 {result.sha256}")
             typer.echo(result.url)
         out = result.to_dict()
         if keep_last:

@@ -41,5 +41,6 @@ def verify_command(
             if report.signed_by:
                 trusted_by = ", ".join(report.trusted_by) or "no trusted key"
                 typer.echo(f"signed by {', '.join(report.signed_by)} (trusted: {trusted_by})")
+            typer.echo(f"digest {report.digest}")
 
     run(json_, body)

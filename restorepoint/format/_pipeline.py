@@ -89,14 +89,14 @@ class HashLane:
         self._hash = hashlib.sha256()
         self._chunks = chunks
         self._next = 0
-        self._parked: dict[int, tuple[bytes, Ticket | None]] = {}
+        self._parked: dict[int, tuple[bytes | memoryview, Ticket | None]] = {}
         self._busy = False
         self._lock = threading.Lock()
         self._finished = threading.Event()
         if chunks == 0:
             self._finished.set()
 
-    def feed(self, index: int, chunk: bytes, ticket: Ticket | None = None) -> None:
+    def feed(self, index: int, chunk: bytes | memoryview, ticket: Ticket | None = None) -> None:
         """Chunk ``index`` (from 0). Hashes it now if it is next and nobody is hashing this
         file, with every parked chunk that follows it; otherwise parks it and returns."""
         with self._lock:

@@ -362,7 +362,7 @@ def _check_codec_features(entries: Iterable[Entry], features: tuple[str, ...]) -
     """A codec that needs a required feature is used only where the head lists it: a reader
     that lacks the feature has then refused the object at R4, before the gate passed it."""
     for entry in entries:
-        feature = entry.codec.feature
+        feature = getattr(entry.codec, "feature", None)
         if feature is not None and feature not in features:
             raise MalformedManifest(
                 f"codec {entry.codec.name!r} needs the required feature {feature!r}, "

@@ -33,6 +33,7 @@ from ..errors import (
 from ._json import strict_loads
 from ._layout import CHUNK_HEADER, DIGEST_SIZE, END_MAGIC, FOOTER, FORMAT_MAJOR, MAGIC, PREAMBLE
 from ._pipeline import Budget, HashLane, Ticket
+from .codecs import Decoded
 from .limits import GATE_PREFIX_MAX, MAX_HEAD_BYTES, MAX_INDEX_BYTES, MAX_SIGNATURE_BYTES
 from .manifest import Entry, Manifest
 
@@ -334,9 +335,10 @@ def _check_layout(manifest: Manifest, data_start: int, index_offset: int) -> Non
 class PayloadDecoder:
     """Decode the payload frames of a checked manifest from a sequential stream that starts at
     the first entry's offset. ``events()`` yields ``(entry, plain_chunk)`` for each chunk, in
-    order, and ``(entry, None)`` once an entry's sha256 has been checked. Opening, decoding and
-    hashing run on a pool of ``threads`` (each file's chunks hashed in order, files side by side);
-    at most ``2 * threads`` chunks' worth of plain bytes are in flight."""
+    order (bytes, or a read-only memoryview), and ``(entry, None)`` once an entry's sha256 has
+    been checked. Opening, decoding and hashing run on a pool of ``threads`` (each file's chunks
+    hashed in order, files side by side); at most ``2 * threads`` chunks' worth of plain bytes
+    are in flight."""
 
     def __init__(
         self,
@@ -371,7 +373,7 @@ class PayloadDecoder:
         if self._failed:
             raise RuntimeError("the payload decoder stopped")
 
-    def events(self) -> Iterator[tuple[Entry, bytes | None]]:
+    def events(self) -> Iterator[tuple[Entry, Decoded | None]]:
         assert self.manifest.payload is not None
         chunk_size = self.manifest.chunk_size
         overhead = self.manifest.chunk_overhead
@@ -436,7 +438,7 @@ class PayloadDecoder:
         stored: bytes,
         plain: int,
         ticket: Ticket,
-    ) -> bytes:
+    ) -> Decoded:
         """On a pool thread: open and decode one chunk, then feed it to its file's sha256."""
         if self.cipher is not None:
             stored = self.cipher.open(
@@ -446,7 +448,7 @@ class PayloadDecoder:
         lane.feed(index, data, ticket)
         return data
 
-    def _settle(self, item: _InFlight) -> Iterator[tuple[Entry, bytes | None]]:
+    def _settle(self, item: _InFlight) -> Iterator[tuple[Entry, Decoded | None]]:
         entry = item.entry
         if item.future is None:
             found = item.lane.hexdigest(self._check)
@@ -478,6 +480,6 @@ class _InFlight:
 
     entry: Entry
     lane: HashLane
-    future: Future[bytes] | None
+    future: Future[Decoded] | None
     index: int
     ticket: Ticket | None

@@ -102,7 +102,8 @@ class Writer:
             raise ValueError("a cipher goes with a head that declares its encryption")
         if self.cipher is not None and self.entries is None:
             raise ValueError("an encrypting writer needs the number of entries up front")
-        feature = self.codec.feature
+        # getattr: a codec registered before codecs named their feature needs none.
+        feature = getattr(self.codec, "feature", None)
         if feature is not None and feature not in self.head.required_features:
             raise ValueError(f"codec {self.codec.name} needs the required feature {feature}")
         self._object_hash = hashlib.sha256() if self.object_sha256 else None

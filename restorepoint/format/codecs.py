@@ -167,7 +167,13 @@ class PlanesCodec:
             raise MalformedManifest(str(exc)) from exc
 
     def encode(self, plain: bytes) -> bytes:
-        return encode_planes(plain, self.level)
+        return b"".join(encode_planes_parts(plain, self.level))
+
+    def encode_parts(self, plain: bytes) -> list[bytes]:
+        """The stored bytes as pieces to write one after the other: a writer that does not
+        seal them spares joining them (a copy of every chunk, and for a raw chunk the only
+        one)."""
+        return encode_planes_parts(plain, self.level)
 
     def decode(self, stored: bytes, plain_length: int) -> Decoded:
         return decode_planes(stored, plain_length)
@@ -210,9 +216,14 @@ def _worth(stored: int, plain: int) -> bool:
 
 
 def encode_planes(plain: bytes, level: int) -> bytes:
-    """The stored bytes of one chunk (spec section 7, codec planes): the probe tries zstd at
-    ``level`` and byte planes of widths 2 and 4 on a sample, and the chunk is stored as the
-    smallest, or as is when nothing saves 1/32."""
+    """The stored bytes of one chunk (spec section 7, codec planes)."""
+    return b"".join(encode_planes_parts(plain, level))
+
+
+def encode_planes_parts(plain: bytes, level: int) -> list[bytes]:
+    """The stored bytes of one chunk, in pieces: the probe tries zstd at ``level`` and byte
+    planes of widths 2 and 4 on a sample, and the chunk is stored as the smallest, or as is
+    when nothing saves 1/32."""
     sample = _sample(plain)
     whole = sample is plain
     frame = _compressor(level).compress(sample)
@@ -235,17 +246,25 @@ def encode_planes(plain: bytes, level: int) -> bytes:
             best = (size, MODE_PLANES, width)
     size, mode, width = best
     if not _worth(size, len(sample)):
-        return bytes([MODE_RAW]) + plain
+        return [_RAW, plain]
     if mode == MODE_ZSTD:
         if not whole:
             frame = _compressor(level).compress(plain)
         if len(frame) >= len(plain):
-            return bytes([MODE_RAW]) + plain
-        return bytes([MODE_ZSTD]) + frame
-    return _encode_planes(plain, width, plane_masks[width])
+            return [_RAW, plain]
+        return [_ZSTD, frame]
+    return _planes_parts(plain, width, plane_masks[width])
+
+
+_RAW = bytes([MODE_RAW])
+_ZSTD = bytes([MODE_ZSTD])
 
 
 def _encode_planes(plain: bytes, width: int, candidates: int) -> bytes:
+    return b"".join(_planes_parts(plain, width, candidates))
+
+
+def _planes_parts(plain: bytes, width: int, candidates: int) -> list[bytes]:
     """Byte planes of ``width``; the planes in ``candidates`` compressed where that saves a
     byte (the spec requires it), the others stored as they are."""
     planes = split_planes(plain, width)
@@ -260,10 +279,10 @@ def _encode_planes(plain: bytes, width: int, candidates: int) -> bytes:
                 continue
         parts.append(plane)
     if not mask:
-        return bytes([MODE_RAW]) + plain
+        return [_RAW, plain]
     parts.append(plain[len(plain) // width * width :])
     parts[0] = bytes([MODE_PLANES, width, mask])
-    return b"".join(parts)
+    return parts
 
 
 def decode_planes(stored: bytes, plain_length: int) -> Decoded:

@@ -60,7 +60,7 @@ class _Pending:
     stored: int = 0
 
 
-_Item = tuple[str, "_Pending", "Future[bytes] | None", "Ticket | None"]
+_Item = tuple[str, "_Pending", "Future[list[bytes]] | None", "Ticket | None"]
 
 
 @dataclass(frozen=True)
@@ -186,16 +186,20 @@ class Writer:
 
     def _chunk(
         self, pending: _Pending, position: int, index: int, last: bool, chunk: bytes, ticket: Ticket
-    ) -> bytes:
-        """On a pool thread: the chunk into its file's sha256 (in order), then encoded."""
+    ) -> list[bytes]:
+        """On a pool thread: the chunk into its file's sha256 (in order), then encoded, as
+        pieces of its stored bytes when the codec makes them and nothing seals them."""
         pending.lane.feed(index, chunk, ticket)
+        if self.cipher is None:
+            parts = getattr(self.codec, "encode_parts", None)
+            return parts(chunk) if parts is not None else [self.codec.encode(chunk)]
+        assert self.entries is not None
         stored = self.codec.encode(chunk)
-        if self.cipher is not None:
-            assert self.entries is not None
-            stored = self.cipher.seal(
+        return [
+            self.cipher.seal(
                 pending.path, pending.size, position, self.entries, index, last, stored
             )
-        return stored
+        ]
 
     def finish(self) -> Written:
         """Steps 5-6: index, signature block, footer."""
@@ -297,10 +301,12 @@ class Writer:
                 else:
                     assert future is not None
                     assert ticket is not None
-                    stored = future.result()
-                    self._emit(CHUNK_HEADER.pack(len(stored)))
-                    self._emit(stored)
-                    pending.stored += CHUNK_HEADER.size + len(stored)
+                    parts = future.result()
+                    length = sum(len(part) for part in parts)
+                    self._emit(CHUNK_HEADER.pack(length))
+                    for part in parts:
+                        self._emit(part)
+                    pending.stored += CHUNK_HEADER.size + length
                     ticket.done()
         except BaseException as exc:
             self._error = exc

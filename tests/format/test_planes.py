@@ -90,6 +90,14 @@ def test_decode_of_encode_is_the_identity(data: bytes) -> None:
     assert CODEC.decode(stored, len(data)) == data
 
 
+@given(data=anything | weights)
+def test_the_pieces_a_writer_writes_are_the_stored_bytes(data: bytes) -> None:
+    parts = CODEC.encode_parts(data)
+    assert b"".join(parts) == CODEC.encode(data)
+    if parts[0] == bytes([planes.MODE_RAW]):
+        assert parts[1] is data  # stored as it is: not even a copy
+
+
 @given(
     data=anything | weights,
     width=st.sampled_from(planes.PLANE_WIDTHS),

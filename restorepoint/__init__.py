@@ -31,6 +31,7 @@ from .errors import (
     StorageUnavailable,
     TrailingBytes,
     TruncatedRestorePoint,
+    UnsafeCheckpoint,
     UnsafePath,
     UnsupportedFormat,
     UsageError,
@@ -58,7 +59,7 @@ from .ops import (
     verify,
     write_handoff,
 )
-from .ops._open import Trust
+from .trust import Trust
 
 __all__ = [
     "AlreadyExists",
@@ -96,6 +97,7 @@ __all__ = [
     "Trainer",
     "TruncatedRestorePoint",
     "Trust",
+    "UnsafeCheckpoint",
     "UnsafePath",
     "UnsupportedFormat",
     "UsageError",

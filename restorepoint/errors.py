@@ -22,7 +22,8 @@ error class printed by ``--json`` and expected by the golden vectors::
     │   ├── DecodeError                 a codec failed on stored bytes
     │   ├── DigestMismatch              a sha256 differs from the one recorded
     │   ├── SignatureError              a signature invalid, untrusted, or missing when required
-    │   └── DecryptionError             no key opens it, or a chunk does not authenticate
+    │   ├── DecryptionError             no key opens it, or a chunk does not authenticate
+    │   └── UnsafeCheckpoint            a payload file that would run code when loaded
     ├── IncompatibleRestorePoint        exit 3: sound, but refused by the import gate
     └── StorageError                    exit 4: the store failed; .retryable: may a retry help
         ├── NotFound                    also a FileNotFoundError
@@ -64,6 +65,7 @@ __all__ = [
     "StorageUnavailable",
     "TrailingBytes",
     "TruncatedRestorePoint",
+    "UnsafeCheckpoint",
     "UnsafePath",
     "UnsupportedFormat",
     "UsageError",
@@ -219,6 +221,12 @@ class SignatureError(IntegrityError):
 class DecryptionError(IntegrityError):
     """The identity given is not a recipient, or an encrypted chunk does not authenticate
     (wrong key, or a stream truncated, reordered, duplicated, spliced or altered)."""
+
+
+class UnsafeCheckpoint(IntegrityError):
+    """A checkpoint file (a pickle: ``torch.save``, Lightning's ``.ckpt``) that holds more than
+    tensors and plain data: loading it would run code it names (``os.system``, any class it
+    imports). Refused before anything of it is loaded; ``found`` names what it asks for."""
 
 
 # exit 3 ---------------------------------------------------------------------------------------

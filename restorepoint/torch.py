@@ -1,6 +1,6 @@
 """restorepoint.torch: resumable training loops for plain PyTorch (extra ``restorepoint[torch]``).
 
-See restorepoint.adapters.torch_run and docs/adapters.md."""
+The public face of the runtime (restorepoint.runtime); see docs/adapters.md."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ except ImportError as exc:  # pragma: no cover - exercised without torch
 
     raise MissingExtra("torch", "torch", "restorepoint.torch") from exc
 
-from .adapters.torch_run import EXIT_RESUMABLE, EpochSampler, ResumableRun, run_id_for
+from .runtime.contract import EXIT_RESUMABLE
+from .runtime.data import EpochSampler
+from .runtime.run import ResumableRun, run_id_for
 
 __all__ = ["EXIT_RESUMABLE", "EpochSampler", "ResumableRun", "run_id_for"]

@@ -14,6 +14,7 @@ from .adapters import adapters_command
 from .demo import demo_command
 from .import_ import check_command, import_command
 from .inspect import inspect_command
+from .local_view import local_view_command
 from .pack import pack_command
 from .run import run_command, snapshot_command
 from .slurm import slurm_template_command
@@ -52,6 +53,7 @@ app.command("verify")(verify_command)
 app.command("inspect")(inspect_command)
 app.command("import")(import_command)
 app.command("check")(check_command)
+app.command("local-view")(local_view_command)
 app.command("list")(list_command)
 app.command("latest")(latest_command)
 app.command("prune")(prune_command)

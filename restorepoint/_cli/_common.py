@@ -36,6 +36,12 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
+def warn(message: str) -> None:
+    """One warning line on stderr (the command goes on)."""
+    sys.stderr.write(f"restorepoint: warning: {message}\n")
+    sys.stderr.flush()
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, sort_keys=True, ensure_ascii=False) + "\n")
     sys.stdout.flush()

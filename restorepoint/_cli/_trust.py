@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 
 from ..errors import UsageError
-from ..ops._open import Trust
-from ..trust import generate, key_id, load_identity, load_public
+from ..trust import Trust, generate, key_id, load_identity, load_public
 from ._common import print_json, run
 
 TrustOpt = Annotated[
@@ -27,10 +26,17 @@ IdentityOpt = Annotated[
 
 
 def build_trust(trusted: list[Path] | None, require: bool, identity: Path | None = None) -> Trust:
+    """The options' trust policy; without --trust, the fleet's (``$RESTOREPOINT_TRUST``), with
+    --require-signature added to it."""
+    key = load_identity(identity) if identity is not None else None
+    if not trusted:
+        fleet = Trust.from_environment(identity=key)
+        if fleet.trusted:
+            return Trust(fleet.trusted, fleet.require_signature or require, key)
     return Trust(
         trusted=tuple(load_public(p, "signing").raw for p in trusted or []),
         require_signature=require,
-        identity=load_identity(identity) if identity is not None else None,
+        identity=key,
     )
 
 

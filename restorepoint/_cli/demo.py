@@ -53,11 +53,6 @@ def _finish(proc: subprocess.Popen[str], what: str, log: Path) -> int:
     return code
 
 
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / "events.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
 def demo_command(
     workdir: Annotated[
         Path | None, typer.Option(help="Directory for the demo's files (default: a temp dir).")
@@ -74,8 +69,12 @@ def demo_command(
             import torch
         except ImportError as exc:
             raise MissingExtra("torch", "torch", "the demo") from exc
-        from ..ops import Expectations, import_restore_point, latest
-        from ..testing.trainer import CONFIG
+        from ..format import Trainer
+        from ..ops import Expectations, latest
+        from ..ops.resume import resume_import
+        from ..runtime.contract import RunDirectory
+        from ..runtime.detect import torch_terms
+        from ..testing.trainer import CONFIG, TRAINER
 
         with tempfile.TemporaryDirectory(prefix="restorepoint-demo-") as tmp:
             base = workdir or Path(tmp)
@@ -113,20 +112,25 @@ def demo_command(
             if code != 42:
                 raise UsageError(f"machine A exited {code}, not 42 (see {base / 'machine-a.log'})")
             (run_dir,) = list(a_root.iterdir())
-            events = _events(run_dir)
+            directory = RunDirectory(run_dir)
+            events = list(directory.events())
             snap = next(e for e in events if e["event"] == "snapshot")
             upload = next(e for e in events if e["event"] == "uploaded")
-            status = json.loads((run_dir / "run_status.json").read_text())
+            status = directory.status()
 
             say("3/4 importing the restore point on machine B, through the gate ...")
             entry = latest(str(store) + "/", run=run_dir.name)
             b_run = base / "machine-b" / "runs" / run_dir.name
             started = time.perf_counter()
-            imported = import_restore_point(
-                entry.url,
-                b_run / "checkpoints",
-                expect=Expectations(config=json.loads(json.dumps(CONFIG))),
+            # Machine B's view of itself, as the trainer's own ResumableRun would have it.
+            here = Expectations(
+                trainer=Trainer(*TRAINER),
+                terms=torch_terms(),
+                cache_keys={},
+                cache_root=None,
+                config=json.loads(json.dumps(CONFIG)),
             )
+            imported = resume_import(entry.url, b_run / "checkpoints", views=[here])
             import_s = time.perf_counter() - started
 
             say("4/4 resuming on machine B to the end ...")
@@ -135,8 +139,8 @@ def demo_command(
             )
             _finish(resumed, "resumed", base / "machine-b.log")
 
-            a = torch.load(base / "reference.pt", weights_only=False)
-            b = torch.load(base / "resumed.pt", weights_only=False)
+            a = torch.load(base / "reference.pt", weights_only=True)
+            b = torch.load(base / "resumed.pt", weights_only=True)
             same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]) and (
                 _equal_state(a["optimizer"], b["optimizer"], torch)
             )

@@ -10,22 +10,30 @@ from typing import Annotated
 
 import typer
 
-from ..adapters.base import load_adapter
 from ..errors import UsageError
 from ..ops import check, import_restore_point
-from ._common import human_bytes, parse_pairs, print_json, progress_bar, run, show_progress
+from ._common import human_bytes, print_json, progress_bar, run, show_progress, warn
 from ._expect import (
+    AdapterOpt,
+    AdapterOptionOpt,
     CacheRootOpt,
     ConfigOpt,
+    DataOpt,
     ExpectFile,
     KeyOpt,
     TermOpt,
     TrainerOpt,
-    build_expectations,
+    build_views,
+    chosen_adapter,
     require_some,
 )
 from ._trust import IdentityOpt, RequireOpt, TrustOpt, build_trust
 from .store import LatestOpt, RunOpt, target
+
+CommandArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="After --: the trainer's command line (the adapter reads and extends it)."),
+]
 
 
 def import_command(
@@ -35,7 +43,10 @@ def import_command(
     run_id: RunOpt = None,
     check_keys: Annotated[
         bool,
-        typer.Option("--check-keys", help="Refuse unless every expectation given matches."),
+        typer.Option(
+            "--check-keys",
+            help="Refuse unless every field the restore point records matches a value known here.",
+        ),
     ] = False,
     expect: ExpectFile = None,
     trainer: TrainerOpt = None,
@@ -43,49 +54,60 @@ def import_command(
     key: KeyOpt = None,
     cache_root: CacheRootOpt = None,
     config: ConfigOpt = None,
+    data: DataOpt = None,
     force: Annotated[
         bool, typer.Option("--force", help="Replace a non-empty DEST atomically.")
     ] = False,
     trusted: TrustOpt = None,
     require_signature: RequireOpt = False,
     identity: IdentityOpt = None,
-    adapter: Annotated[
-        str | None,
-        typer.Option(help="Print the adapter's resume command (see `adapters`)."),
-    ] = None,
-    adapter_option: Annotated[
-        list[str] | None, typer.Option(help="An adapter option K=V (repeatable).")
-    ] = None,
+    adapter: AdapterOpt = None,
+    adapter_option: AdapterOptionOpt = None,
     exec_: Annotated[
-        bool, typer.Option("--exec", help="With --adapter: run the resume command.")
+        bool,
+        typer.Option("--exec", help="With --adapter: run the resume command (always gated)."),
     ] = False,
-    base: Annotated[
-        list[str] | None,
-        typer.Argument(help="After --: the trainer's command line, for the adapter to extend."),
-    ] = None,
+    no_gate: Annotated[
+        bool,
+        typer.Option("--no-gate", help="Forensics only: import without any gate (warns)."),
+    ] = False,
+    base: CommandArg = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Check a restore point against the expectations, then verify and unpack it into DEST."""
+    """Check a restore point against this machine, then verify and unpack it into DEST."""
 
     def body() -> None:
-        expectations = build_expectations(expect, trainer, term, key, cache_root, config)
-        require_some(expectations, check_keys)
         if exec_ and adapter is None:
             raise UsageError("--exec needs --adapter")
-        chosen = (
-            load_adapter(adapter, **parse_pairs(adapter_option, "--adapter-option"))
-            if adapter is not None
-            else None
-        )
+        chosen = chosen_adapter(adapter, adapter_option)
+        strict = check_keys or exec_
+        if no_gate:
+            if strict:
+                raise UsageError("--no-gate is for forensics: not with --check-keys or --exec")
+            views = []
+            warn("--no-gate: nothing is checked against this machine (forensics only)")
+        else:
+            views = build_views(
+                adapter=chosen, expect_file=expect, trainer=trainer, term=term, key=key,
+                cache_root=cache_root, config=config, data=data, command=base or [],
+            )  # fmt: skip
+            if check_keys:
+                require_some(views)
         with progress_bar(show_progress(json_), "importing") as (on_start, advance):
             result = import_restore_point(
                 target(url, use_latest, run_id),
                 dest,
-                expect=None if expectations.empty else expectations,
+                expect=views,
+                strict=strict,
                 force=force,
                 progress=advance,
                 on_start=on_start,
                 trust=build_trust(trusted, require_signature, identity),
+            )
+        if not result.gated and not no_gate:
+            warn(
+                "nothing was checked: the import is not gated (give --check-keys with "
+                "--adapter, --expect or expected values)"
             )
         command = None
         if chosen is not None:
@@ -129,18 +151,27 @@ def check_command(
     key: KeyOpt = None,
     cache_root: CacheRootOpt = None,
     config: ConfigOpt = None,
+    data: DataOpt = None,
+    adapter: AdapterOpt = None,
+    adapter_option: AdapterOptionOpt = None,
     trusted: TrustOpt = None,
     require_signature: RequireOpt = False,
+    base: CommandArg = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """The import gate alone: can this restore point be resumed here? Exit 0 or 3."""
+    """The import gate alone: can this restore point be resumed here? Exit 0 or 3. Every field
+    it records must match a value known here (detected by --adapter, or given)."""
 
     def body() -> None:
-        expectations = build_expectations(expect, trainer, term, key, cache_root, config)
-        require_some(expectations, True)
+        views = build_views(
+            adapter=chosen_adapter(adapter, adapter_option), expect_file=expect,
+            trainer=trainer, term=term, key=key, cache_root=cache_root, config=config,
+            data=data, command=base or [],
+        )  # fmt: skip
         result = check(
             target(url, use_latest, run_id),
-            expectations,
+            views,
+            strict=True,
             trust=build_trust(trusted, require_signature),
         )
         if json_:

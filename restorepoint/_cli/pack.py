@@ -9,22 +9,13 @@ from typing import Annotated
 import typer
 
 from ..adapters.base import load_adapter
-from ..errors import RestorePointError, UsageError
+from ..errors import UsageError
 from ..format import Position
-from ..ops import load_config, pack
-from ..ops._naming import entry_name, is_store_url
-from ..ops.gate import handoff_document, write_handoff
-from ..ops.store import prune
+from ..ops import load_config
+from ..ops.publish import HeadSpec, PackOptions, publish
 from ..trust import load_public, load_signing_key
-from ._common import (
-    human_bytes,
-    parse_pairs,
-    parse_trainer,
-    print_json,
-    progress_bar,
-    run,
-    show_progress,
-)
+from ._common import human_bytes, parse_pairs, print_json, progress_bar, run, show_progress
+from ._expect import command_line_view
 
 
 def pack_command(
@@ -52,6 +43,10 @@ def pack_command(
         list[str] | None, typer.Option(help="Version term K=V that must match on import.")
     ] = None,
     cache_root: Annotated[str | None, typer.Option(help="Cache root of the run.")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Data directory: its digest is a cache key (data, or the adapter's)."),
+    ] = None,
     run_id: Annotated[
         str | None,
         typer.Option("--run", help="Run id (default: derived from the config identity)."),
@@ -110,8 +105,9 @@ def pack_command(
     def body() -> None:
         if batch is not None and epoch is None:
             raise UsageError("--batch needs --epoch")
-        trainer_pair = parse_trainer(trainer)
-        terms = parse_pairs(term, "--term")
+        config_data = load_config(config) if config is not None else None
+        options = command_line_view(trainer, term, key, cache_root, config_data, data)
+        operational_keys = list(operational or [])
         include = None
         source_dir = source
         if adapter is not None:
@@ -119,45 +115,36 @@ def pack_command(
             snap = chosen.newest_snapshot(source)
             if snap is None:
                 raise UsageError(f"{source}: the {adapter} adapter finds no committed snapshot")
-            info = chosen.trainer()
-            trainer_pair = trainer_pair or (info.name, info.version)
-            terms = {**info.terms, **terms}
+            # The head is this machine's local view, so that the same view elsewhere passes
+            # the gate; the options override what the adapter detects.
+            view = chosen.local_view(config=config_data, data=data, cache_root=cache_root)
+            options = view.merged(command_line_view(trainer, term, key, cache_root, None, None))
+            # The trainer's own operational keys (its snapshot interval) never move the run.
+            operational_keys += getattr(chosen, "operational_keys", ())
             source_dir, include = snap.root, list(snap.files)
-            if step is None:
-                position = snap.position
-            else:
-                position = Position(step=step, epoch=epoch, batch=batch)
-        elif step is None:
-            raise UsageError("--step is required (or --adapter, which knows the step)")
+            default_position: Position | None = snap.position
         else:
+            default_position = None
+        if step is not None:
             position = Position(step=step, epoch=epoch, batch=batch)
-        if keep_last is not None and not is_store_url(dest):
-            raise UsageError("--keep-last needs a store DEST (a URL ending in /)")
+        elif default_position is not None:
+            position = default_position
+        else:
+            raise UsageError("--step is required (or --adapter, which knows the step)")
+        head = HeadSpec.from_view(options, position, operational_keys=operational_keys, run=run_id)
+        pack_options = PackOptions(
+            level=level,
+            codec=codec,
+            object_sha256=object_sha256,
+            sign=tuple(load_signing_key(p) for p in sign or []),
+            encrypt_to=tuple(load_public(p, "encryption") for p in encrypt_to or []),
+        )
         with progress_bar(show_progress(json_), "packing") as (on_start, advance):
-            result = pack(
-                source_dir,
-                dest,
-                position=position,
-                trainer=trainer_pair,
-                terms=terms,
-                include=include,
-                config=load_config(config) if config is not None else None,
-                operational_keys=operational or [],
-                cache_keys=parse_pairs(key, "--key"),
-                cache_root=cache_root,
-                level=level,
-                codec=codec,
-                object_sha256=object_sha256,
-                run=run_id,
-                sign=[load_signing_key(p) for p in sign or []],
-                encrypt_to=[load_public(p, "encryption") for p in encrypt_to or []],
-                progress=advance,
-                on_start=on_start,
-            )
-        # Everything about the published restore point is out before pruning starts: a prune
-        # that fails must not hide what was published.
-        if handoff is not None:
-            write_handoff(handoff, handoff_document(result.manifest, result.url))
+            done = publish(
+                source_dir, dest, head, pack_options, include=include, keep_last=keep_last,
+                handoff=handoff, progress=advance, on_start=on_start,
+            )  # fmt: skip
+        result = done.pack
         if not json_:
             typer.echo(
                 f"packed {result.files} files, {human_bytes(result.bytes)} -> "
@@ -167,27 +154,17 @@ def pack_command(
             if result.sha256 is not None:
                 typer.echo(f"sha256 {result.sha256}")
             typer.echo(result.url)
-        out = result.to_dict()
-        if keep_last:
-            try:
-                report = prune(
-                    dest,
-                    keep_last=keep_last,
-                    run=result.manifest.run,
-                    protect=[entry_name(result.manifest)],
-                )
-            except RestorePointError as exc:
-                sys.stderr.write(
-                    f"restorepoint: error: published {result.url}, but the prune failed: {exc}\n"
-                )
-                if json_:
-                    print_json({**out, "ok": False, "error": exc.to_dict()})
-                raise typer.Exit(exc.exit_code) from None
-            out["pruned"] = report.deleted
-            if not json_:
-                for url in report.deleted:
-                    typer.echo(f"deleted {url}")
+            for url in done.pruned.deleted if done.pruned is not None else ():
+                typer.echo(f"deleted {url}")
+        if done.prune_error is not None:
+            exc = done.prune_error
+            sys.stderr.write(
+                f"restorepoint: error: published {result.url}, but the prune failed: {exc}\n"
+            )
+            if json_:
+                print_json(done.to_dict())
+            raise typer.Exit(exc.exit_code)
         if json_:
-            print_json(out)
+            print_json(done.to_dict())
 
     run(json_, body)

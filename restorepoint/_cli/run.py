@@ -2,31 +2,41 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import signal
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ..adapters.base import load_adapter
-from ..errors import NotFound, UsageError
+from ..adapters.base import Adapter
+from ..errors import UsageError
+from ..ops.gate import FIELDS, Expectations
 from ..preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry
+from ..preempt.supervisor import publishes_itself
 from ..preempt.watchers import AWS_ENDPOINT, GCP_ENDPOINT, Watcher
-from ._common import parse_pairs, print_json, run
+from ._common import print_json, run, warn
+from ._expect import (
+    AdapterOpt,
+    AdapterOptionOpt,
+    CacheRootOpt,
+    ConfigOpt,
+    DataOpt,
+    ExpectFile,
+    KeyOpt,
+    TermOpt,
+    TrainerOpt,
+    build_views,
+    chosen_adapter,
+)
+from ._trust import RequireOpt, TrustOpt, build_trust
 
 
 def run_command(
     trainer: Annotated[list[str], typer.Argument(help="The trainer's command line, after --.")],
     store: Annotated[str, typer.Option(help="Store URL the restore points go to.")],
-    adapter: Annotated[str | None, typer.Option(help="Trainer adapter (see `adapters`).")] = None,
-    adapter_option: Annotated[
-        list[str] | None, typer.Option(help="An adapter option K=V (repeatable).")
-    ] = None,
+    adapter: AdapterOpt = None,
+    adapter_option: AdapterOptionOpt = None,
     watch: Annotated[
         str, typer.Option(help="Reclaim notices to watch: aws, gcp or none.")
     ] = "none",
@@ -39,21 +49,49 @@ def run_command(
     auto_resume: Annotated[
         bool, typer.Option("--auto-resume", help="Resume from the run's newest restore point.")
     ] = False,
+    accept_older: Annotated[
+        bool,
+        typer.Option(
+            "--accept-older",
+            help="When the run's newest restore point is refused, resume the newest that passes.",
+        ),
+    ] = False,
     run_id: Annotated[str | None, typer.Option("--run", help="The run id in the store.")] = None,
     workdir: Annotated[
         Path | None, typer.Option(help="The trainer's output directory (external adapters).")
     ] = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    cache_root: CacheRootOpt = None,
+    expect: ExpectFile = None,
+    trainer_name: TrainerOpt = None,
+    term: TermOpt = None,
+    key: KeyOpt = None,
+    trusted: TrustOpt = None,
+    require_signature: RequireOpt = False,
+    sign: Annotated[
+        Path | None,
+        typer.Option(help="Sign every restore point with this Ed25519 key (the trainer's too)."),
+    ] = None,
+    no_gate: Annotated[
+        bool,
+        typer.Option("--no-gate", help="Forensics only: resume without the gate (needs --force)."),
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Allow --no-gate.")] = False,
     telemetry: Annotated[
         Path | None, typer.Option(help="Append counts and timings (JSON lines) to this file.")
     ] = None,
     margin: Annotated[float, typer.Option(help="Seconds kept in hand before a deadline.")] = 5.0,
 ) -> None:
     """Run a trainer under supervision: reclaim notices become published restore points; a
-    trainer exit of 42 (resumable) is passed on."""
+    trainer exit of 42 (resumable) is passed on. A resume is gated by what this machine is
+    (exit 3, the trainer not started, when refused)."""
 
     def body() -> None:
         if resume_from and auto_resume:
             raise UsageError("--resume-from and --auto-resume exclude each other")
+        if no_gate and not force:
+            raise UsageError("--no-gate resumes without checking anything: add --force to mean it")
         logging.basicConfig(
             level=logging.INFO, format="restorepoint: %(message)s", stream=sys.stderr
         )
@@ -66,11 +104,15 @@ def run_command(
             watcher = None
         else:
             raise UsageError(f"--watch must be aws, gcp or none, not {watch!r}")
-        chosen = (
-            load_adapter(adapter, **parse_pairs(adapter_option, "--adapter-option"))
-            if adapter
-            else None
-        )
+        chosen = chosen_adapter(adapter, adapter_option)
+        views: list[Expectations] = []
+        defer: frozenset[str] = frozenset()
+        if resume_from or auto_resume:
+            views, defer = _resume_views(
+                chosen, trainer, expect, trainer_name, term, key, cache_root, config, data
+            )
+        if no_gate:
+            warn("--no-gate --force: the resume is not gated (forensics only)")
         supervisor = Supervisor(
             command=trainer,
             store=store,
@@ -82,10 +124,53 @@ def run_command(
             workdir=workdir,
             telemetry=Telemetry(telemetry),
             margin_s=margin,
+            views=views,
+            defer=defer,
+            gate=not no_gate,
+            accept_older=accept_older,
+            trust=build_trust(trusted, require_signature),
+            signing_key=str(sign) if sign is not None else None,
         )
         raise typer.Exit(supervisor.run_trainer())
 
     run(False, body)
+
+
+def _resume_views(
+    adapter: Adapter | None,
+    command: list[str],
+    expect: Path | None,
+    trainer: str | None,
+    term: list[str] | None,
+    key: list[str] | None,
+    cache_root: str | None,
+    config: Path | None,
+    data: Path | None,
+) -> tuple[list[Expectations], frozenset[str]]:
+    """This machine's views for a resume. A trainer that gates itself (a ResumableRun: no
+    adapter, or the torch adapter) knows its trainer, config and cache keys better than the
+    supervisor: the supervisor compares the torch terms it detects and what the options
+    give, and defers the fields it does not know to the trainer, which compares everything
+    before it trains. Any other trainer is gated here, in full, before it is started."""
+    if not publishes_itself(adapter):
+        views = build_views(
+            adapter=adapter, expect_file=expect, trainer=trainer, term=term, key=key,
+            cache_root=cache_root, config=config, data=data, command=command,
+        )  # fmt: skip
+        return views, frozenset()
+    views = build_views(
+        adapter=None, expect_file=expect, trainer=trainer, term=term, key=key,
+        cache_root=cache_root, config=config, data=data,
+    )  # fmt: skip
+    try:
+        from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
+
+        detected = Expectations(terms=torch_terms(), sources={"terms": TORCH_TERMS_SOURCE})
+        views[0] = detected.merged(views[0])
+    except ImportError:
+        pass  # no torch here: the trainer compares its terms itself
+    known = {name for name in FIELDS if any(v.knows(name) for v in views)}
+    return views, frozenset(set(FIELDS) - known)
 
 
 def snapshot_command(
@@ -98,39 +183,9 @@ def snapshot_command(
     """Ask a running trainer for a snapshot now, without stopping it."""
 
     def body() -> None:
-        record = run_dir / "trainer.json"
-        try:
-            doc = json.loads(record.read_text())
-            pid = int(doc["pid"])
-        except FileNotFoundError:
-            raise NotFound(
-                "no running trainer reported in this run directory", url=str(run_dir)
-            ) from None
-        except (ValueError, KeyError, TypeError):
-            raise UsageError("unreadable trainer.json", url=str(run_dir)) from None
-        events = run_dir / "events.jsonl"
-        before = events.stat().st_size if events.exists() else 0
-        # trainer.json outlives a trainer that was killed (SIGKILL, OOM): its pid may be another
-        # process's by now, and SIGUSR1 would kill that one.
-        if _started_after(pid, record.stat().st_mtime):
-            raise NotFound(
-                f"the trainer (pid {pid}) is not running: that pid is another process's now",
-                url=str(run_dir),
-            )
-        try:
-            os.kill(pid, int(doc.get("snapshot_signal", signal.SIGUSR1)))
-        except ProcessLookupError:
-            raise NotFound(f"the trainer (pid {pid}) is not running", url=str(run_dir)) from None
-        except PermissionError:
-            raise NotFound(
-                f"the trainer (pid {pid}) is not running: that pid is another user's process",
-                url=str(run_dir),
-            ) from None
-        step = None
-        if wait > 0:
-            step = _wait_for_snapshot(events, before, wait)
-            if step is None:
-                raise UsageError(f"no snapshot within {wait:g} s", url=str(run_dir))
+        from ..runtime.contract import request_snapshot
+
+        pid, step = request_snapshot(run_dir, wait=wait)
         if json_:
             print_json({"ok": True, "pid": pid, "step": step})
         else:
@@ -140,40 +195,3 @@ def snapshot_command(
             )
 
     run(json_, body)
-
-
-def _started_after(pid: int, moment: float) -> bool:
-    """Whether process ``pid`` started well after ``moment``; False where /proc cannot tell.
-    A minute of slack: the boot time is in whole seconds and a run directory on a network
-    file system gets its mtime from the server's clock; a pid comes round again far later."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-        # Fields after the command name (which may hold spaces and parentheses): the start
-        # time, in clock ticks since boot, is field 22 of the line, 20th after the name.
-        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
-        started = boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, ValueError, IndexError):
-        return False
-    return started > moment + 60.0
-
-
-def _wait_for_snapshot(events: Path, offset: int, timeout: float) -> int | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if events.exists():
-            with open(events, "rb") as f:
-                f.seek(offset)
-                for line in f.read().decode(errors="replace").splitlines():
-                    try:
-                        doc = json.loads(line)
-                    except ValueError:
-                        continue
-                    if doc.get("event") == "snapshot":
-                        return int(doc["step"])
-        time.sleep(0.1)
-    return None

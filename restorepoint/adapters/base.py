@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import MissingExtra, UsageError
 from ..format import Manifest, Position
+from ..ops.gate import Expectations
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -82,6 +83,23 @@ class Adapter(Protocol):
     ) -> list[str]:
         """The command that resumes training from the restore point unpacked in ``restored``
         (``base``: the trainer's own command line, where the adapter adds to one)."""
+        ...
+
+    def local_view(
+        self,
+        config: Mapping[str, Any] | None = None,
+        data: Path | None = None,
+        *,
+        cache_root: str | None = None,
+        command: Sequence[str] = (),
+    ) -> Expectations:
+        """What this machine expects of a restore point to resume with this trainer (spec
+        section 16, "The local view"): the installed trainer and its version, the version
+        terms detected here, the cache root and the cache keys computed from the inputs (the
+        data directory ``data``, or the one the trainer's ``command`` names), and the config.
+        Everything is detected or computed here, never copied from a restore point; what the
+        adapter cannot know is left UNSET (the gate then refuses it as unknown here). Each
+        known field names its source."""
         ...
 
 

@@ -31,17 +31,24 @@ import signal as signals
 import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ..errors import MissingExtra, NotFound, UsageError
-from ..format import Manifest, Position
-from ..ops import Expectations, describe, import_restore_point, latest, pack, prune
+from ..errors import MissingExtra, RestorePointError, UsageError
+from ..format import Manifest, Position, Trainer
+from ..ops import Expectations, describe
+from ..ops.local_view import DATA_KEY, cache_root_from_env, data_digest
+from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.resume import choose, resume_import
+from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
+from ..runtime.safe_load import check_loadable, safe_load
+from ..trust import Trust
 from .base import Snapshot, TrainerInfo, preempt_signal, send_signal
 
 try:
-    import torch
+    import torch  # noqa: F401 - the extra's presence
 
     try:
         import lightning.pytorch as pl
@@ -71,11 +78,38 @@ _PARTIAL = LAST + ".preempt"
 
 def _trainer_info() -> TrainerInfo:
     lightning = str(_LIGHTNING_VERSION)
-    return TrainerInfo(
-        "lightning",
-        lightning,
-        {"lightning": lightning, "torch": torch.__version__.split("+")[0]},
-    )
+    return TrainerInfo("lightning", lightning, {**torch_terms(), "lightning": lightning})
+
+
+def _local_view(
+    config: Mapping[str, Any] | None,
+    cache_keys: Mapping[str, str] | None,
+    cache_root: str | None,
+    terms: Mapping[str, str] | None = None,
+) -> Expectations:
+    """What a Lightning run here expects of a restore point: the installed Lightning (its
+    name and version), the terms detected here and those given, the cache root and cache keys
+    it packs with (none unless given), and its config."""
+    info = _trainer_info()
+    root = cache_root if cache_root is not None else cache_root_from_env()
+    values: dict[str, Any] = {
+        "trainer": Trainer(info.name, info.version),
+        "terms": {**info.terms, **dict(terms or {})},
+        "cache_keys": dict(cache_keys or {}),
+        "cache_root": root,
+    }
+    sources = {
+        "trainer": "detected: the installed lightning",
+        "terms": f"{TORCH_TERMS_SOURCE}, lightning" + (", terms=" if terms else ""),
+        "cache_keys": "cache_keys=" if cache_keys else "cache_keys= (none given)",
+        "cache_root": "cache_root="
+        if cache_root is not None
+        else ("RESTOREPOINT_CACHE_ROOT" if root is not None else "cache_root= (none given)"),
+    }
+    if config is not None:
+        values["config"] = dict(config)
+        sources["config"] = "config="
+    return Expectations(**values, sources=sources)
 
 
 def _run_id(run: str | None, config: Mapping[str, Any] | None, operational: Iterable[str]) -> str:
@@ -116,8 +150,8 @@ class PreemptionCallback(pl.Callback):
     half-updated weights. With several processes every signal waits for a step's end, where
     the ranks agree, so that all of them save at the same step.
 
-    ``store``, ``run``/``config``, ``operational``, ``keep_last`` and ``pack_options`` (any
-    other keyword of ``restorepoint.pack``: ``level``, ``storage_options``, ``sign``, ...)
+    ``store``, ``run``/``config``, ``operational``, ``keep_last`` and ``pack_options`` (the
+    fields of ``PackOptions``: ``level``, ``storage_options``, ``sign``, ...)
     configure the restore point packed after each save. ``events`` records what each signal
     did (``saved``, ``save_failed``, ``packed``, ``pack_failed``)."""
 
@@ -131,6 +165,9 @@ class PreemptionCallback(pl.Callback):
         config: Mapping[str, Any] | None = None,
         operational: Sequence[str] = (),
         keep_last: int | None = None,
+        cache_keys: Mapping[str, str] | None = None,
+        cache_root: str | None = None,
+        terms: Mapping[str, str] | None = None,
         **pack_options: Any,
     ) -> None:
         super().__init__()
@@ -139,8 +176,13 @@ class PreemptionCallback(pl.Callback):
         self.store = store
         self.config = config
         self.operational = tuple(operational)
+        # The head's identity part is the local view a resume compares with.
+        self.view = _local_view(config, cache_keys, cache_root, terms)
         self.keep_last = keep_last
-        self.pack_options = pack_options
+        try:
+            self.options = PackOptions(**pack_options)
+        except TypeError as exc:
+            raise UsageError(f"PreemptionCallback: {exc}") from None
         self.run = _run_id(run, config, self.operational) if store is not None else run
         self.events: list[dict[str, Any]] = []
         self._trainer: pl.Trainer | None = None
@@ -315,33 +357,25 @@ class PreemptionCallback(pl.Callback):
             _fsync(self.dirpath, directory=True)
 
     def _pack(self, step: int, epoch: int) -> None:
-        info = _trainer_info()
+        head = HeadSpec.from_view(
+            self.view, Position(step, epoch), operational_keys=self.operational, run=self.run
+        )
         try:
-            result = pack(
+            result = publish(
                 self.dirpath,
                 self.store or "",
-                position=Position(step, epoch),
-                trainer=(info.name, info.version),
-                terms=dict(info.terms),
-                config=self.config,
-                operational_keys=self.operational,
-                run=self.run,
-                into_store=True,
+                head,
+                self.options,
                 include=[LAST],
-                **self.pack_options,
+                keep_last=self.keep_last,
             )
-            if self.keep_last:
-                prune(
-                    self.store or "",
-                    keep_last=self.keep_last,
-                    run=self.run,
-                    storage_options=self.pack_options.get("storage_options"),
-                )
         except Exception as exc:  # last.ckpt is saved; the requeue must still run
             log.error("packing last.ckpt at step %d failed: %s: %s", step, type(exc).__name__, exc)
             self._record("pack_failed", step=step, error=f"{type(exc).__name__}: {exc}")
             return
         self._record("packed", step=step, url=result.url)
+        if result.prune_error is not None:
+            self._record("prune_failed", step=step, error=str(result.prune_error))
 
     def _record(self, event: str, **fields: Any) -> None:
         self.events.append({"event": event, **fields})
@@ -355,52 +389,95 @@ def resume_checkpoint(
     *,
     operational: Sequence[str] = (),
     storage_options: dict[str, Any] | None = None,
+    cache_keys: Mapping[str, str] | None = None,
+    cache_root: str | None = None,
+    terms: Mapping[str, str] | None = None,
+    trust: Trust | None = None,
+    accept_older: bool = False,
+    safe_globals: Sequence[Any] = (),
 ) -> str | None:
-    """What ``trainer.fit(model, ckpt_path=...)`` resumes from: ``DIRPATH/last.ckpt`` when it
-    exists; else, with a store, the newest restore point of the run (``run``, or the one pack
-    derives from ``config``), imported into DIRPATH as ``last.ckpt`` through the gate (the
-    config must match); else a warning and None, and training starts fresh.
+    """What ``trainer.fit(model, ckpt_path=..., weights_only=True)`` resumes from:
+    ``DIRPATH/last.ckpt`` when it exists; else, with a store, the newest restore point of the
+    run (``run``, or the one pack derives from ``config``), imported into DIRPATH as
+    ``last.ckpt`` through the strict gate (trainer, terms, cache keys, cache root and config of
+    this machine, as ``PreemptionCallback`` packs them; spec section 16) under the trust policy
+    (``trust``, else ``$RESTOREPOINT_TRUST``); else a warning and None, and training starts
+    fresh.
+
+    Before the path is returned, the checkpoint is loaded weights-only (tensors and plain data,
+    and the classes in ``safe_globals`` that the caller vouches for): one that would run code
+    is refused with UnsafeCheckpoint. Lightning 2.6 unpickles in full unless
+    fit is given ``weights_only=True``: pass it (docs/adapters.md).
 
     A preemption before the callback was installed (during data setup, say) leaves no
     last.ckpt: that is the fresh start. A refusal of the gate or a store that cannot be read
-    is raised: starting over would throw the run's progress away."""
+    is raised: starting over would throw the run's progress away; a refusal of the newest
+    restore point names the older ones that would pass (``accept_older`` takes the newest)."""
     directory = Path(dirpath)
     last = directory / LAST
     if last.is_file():
+        check_loadable(last, extra_globals=safe_globals)
         return str(last)
     where = f"no {LAST} in {directory}"
     if store is not None:
         run_id = _run_id(run, config, operational) if (run or config is not None) else None
-        try:
-            entry = latest(store, run=run_id, storage_options=storage_options)
-        except NotFound:
+        if run_id is None:
+            raise UsageError("resuming from a store needs run= or config=")
+        view = _local_view(config, cache_keys, cache_root, terms)
+        entry = choose(
+            store,
+            run=run_id,
+            views=[view],
+            accept_older=accept_older,
+            trust=trust,
+            storage_options=storage_options,
+            hints=LIGHTNING_HINTS,
+        )
+        if entry is None:
             where += f" and no restore point in {store}"
         else:
-            _import_last(entry.url, directory, config, storage_options)
+            _import_last(entry.url, directory, view, trust, storage_options, safe_globals)
             log.info("resuming from %s (step %d), imported as %s", entry.url, entry.step, last)
             return str(last)
     warnings.warn(f"{where}: starting fresh", UserWarning, stacklevel=2)
     return None
 
 
+#: What a refusal says to give, in this module's words.
+LIGHTNING_HINTS = {
+    "trainer": "the restore point was not made by Lightning",
+    "terms": "give terms=",
+    "cache_root": "give cache_root= or RESTOREPOINT_CACHE_ROOT",
+    "cache_keys": "give cache_keys=",
+    "config": "give config=",
+}
+
+
 def _import_last(
     url: str,
     directory: Path,
-    config: Mapping[str, Any] | None,
+    view: Expectations,
+    trust: Trust | None,
     storage_options: dict[str, Any] | None,
+    safe_globals: Sequence[Any],
 ) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     # Imported beside last.ckpt and renamed: the same file system, so the rename is atomic.
     staging = directory / f".restorepoint-import-{secrets.token_hex(6)}"
     try:
-        import_restore_point(
+        resume_import(
             url,
             staging,
-            expect=Expectations(config=config) if config is not None else None,
+            views=[view],
+            trust=trust,
             storage_options=storage_options,
+            hints=LIGHTNING_HINTS,
         )
         if not (staging / LAST).is_file():
             raise UsageError(f"the restore point holds no {LAST}", url=url)
+        # Checked where it lies, before it takes last.ckpt's name: a checkpoint that would
+        # run code never becomes the one a requeued job resumes from.
+        check_loadable(staging / LAST, extra_globals=safe_globals)
         os.replace(staging / LAST, directory / LAST)
         _fsync(directory, directory=True)
     finally:
@@ -418,6 +495,27 @@ class LightningAdapter:
     def trainer(self) -> TrainerInfo:
         return _trainer_info()
 
+    def local_view(
+        self,
+        config: Mapping[str, Any] | None = None,
+        data: Path | None = None,
+        *,
+        cache_root: str | None = None,
+        command: Sequence[str] = (),
+    ) -> Expectations:
+        """The installed Lightning and the terms detected here; the cache root given (or in
+        ``$RESTOREPOINT_CACHE_ROOT``); the data digest of ``data`` as the cache key ``data``,
+        else none (the callback packs none unless given); the config."""
+        keys = {DATA_KEY: data_digest(data)} if data is not None else None
+        view = _local_view(config, keys, cache_root)
+        if config is not None:
+            view = replace(view, sources={**view.sources, "config": "--config"})
+        if data is not None:
+            view = replace(
+                view, sources={**view.sources, "cache_keys": "computed: data digest of --data"}
+            )
+        return view
+
     def request_snapshot(self, pid: int) -> None:
         """Send the preemption signal: the callback saves last.ckpt and chains to the handler
         before it (submitit's requeue stops the job; with none, training goes on)."""
@@ -433,9 +531,9 @@ class LightningAdapter:
                 continue
             try:
                 # mmap: the tensors of a multi-GB checkpoint are not read to learn its step.
-                state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+                state = safe_load(path, mmap=True)
                 position = Position(int(state["global_step"]), int(state["epoch"]))
-            except Exception as exc:
+            except (RestorePointError, KeyError, TypeError, ValueError) as exc:
                 log.warning("%s is not a readable Lightning checkpoint: %s", path, exc)
                 return None
             return Snapshot(root, (LAST,), position)

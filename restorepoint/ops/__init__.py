@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._config import load_config
+from ._config import check_json_data, load_config
 from .gate import (
     CheckResult,
     Expectations,
@@ -28,6 +28,7 @@ __all__ = [
     "StoreEntry",
     "VerifyReport",
     "check",
+    "check_json_data",
     "describe",
     "handoff_document",
     "import_restore_point",

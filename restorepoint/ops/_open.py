@@ -12,7 +12,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from ..errors import DecryptionError, SignatureError, UsageError
+from ..errors import DecryptionError, SignatureError
 from ..format import (
     Head,
     Manifest,
@@ -24,32 +24,9 @@ from ..format import (
     read_prefix,
     read_tail,
 )
-from ..trust import SignatureCheck, StreamCipher, check_block, open_file_key
+from ..trust import NO_TRUST, SignatureCheck, StreamCipher, Trust, check_block, open_file_key
 
-__all__ = ["Opened", "Trust", "open_head", "open_manifest"]
-
-
-@dataclass(frozen=True)
-class Trust:
-    """What a reader demands: ``trusted`` Ed25519 public keys (raw 32 bytes; with any, a signed
-    restore point must carry a signature by one of them), ``require_signature`` (an unsigned
-    one is refused; needs trusted keys), ``identity`` (an X25519 key that opens encrypted
-    payloads)."""
-
-    trusted: tuple[bytes, ...] = ()
-    require_signature: bool = False
-    identity: X25519PrivateKey | None = None
-
-    def __post_init__(self) -> None:
-        if self.require_signature and not self.trusted:
-            raise UsageError("--require-signature needs --trust PUB: whose signature?")
-
-    @property
-    def checks_signatures(self) -> bool:
-        return bool(self.trusted) or self.require_signature
-
-
-NO_TRUST = Trust()
+__all__ = ["NO_TRUST", "Opened", "Trust", "open_head", "open_manifest"]
 
 
 @dataclass(frozen=True)

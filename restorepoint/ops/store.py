@@ -23,26 +23,25 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import IntegrityError, NotFound, UsageError, at_url
-from ..format import Manifest, read_head
+from ..format import Manifest
 from ..storage import Location, ObjectInfo, is_partial_name, resolve
 from ._naming import NAME_PATTERN as _NAME
 from ._naming import RUN_PATTERN as _RUN
 from ._naming import entry_name, is_store_url
-from ._open import NO_TRUST, Trust
-from .pack import PackResult, pack
+from ._open import NO_TRUST, Trust, open_head
 from .verify import verify
 
 __all__ = [
     "DEFAULT_GRACE_S",
     "PruneReport",
     "StoreEntry",
+    "entry_head",
     "entry_name",
     "is_store_url",
     "latest",
     "list_store",
     "parse_duration",
     "prune",
-    "publish_into_store",
 ]
 
 #: Leftovers of interrupted uploads younger than this are left alone: they may be live.
@@ -187,12 +186,19 @@ def latest(
 def _check_name(location: Location, entry: StoreEntry) -> None:
     """The head must say what the name says (run, step, id): a restore point copied under
     another run's name is not that run's."""
+    entry_head(location, entry)
+
+
+def entry_head(location: Location, entry: StoreEntry, trust: Trust = NO_TRUST) -> Manifest:
+    """The head of a store's restore point (a bounded read; with a trust policy that checks
+    signatures, the signature is checked first), checked to say what its name says."""
     reader = location.reader()
     try:
-        head = read_head(reader).manifest
+        head = open_head(reader, trust).head.manifest
     finally:
         reader.close()
     _same(head, location, entry)
+    return head
 
 
 def _verify_entry(location: Location, entry: StoreEntry, trust: Trust = NO_TRUST) -> None:
@@ -211,29 +217,6 @@ def _same(head: Manifest, location: Location, entry: StoreEntry) -> None:
             f"its name says run {entry.run}, step {entry.step}, id {entry.id_prefix}",
             url=location.url,
         )
-
-
-def publish_into_store(
-    source: str | os.PathLike[str],
-    store: str,
-    *,
-    keep_last: int | None = None,
-    storage_options: dict[str, Any] | None = None,
-    **options: Any,
-) -> tuple[PackResult, PruneReport | None]:
-    """Pack ``source`` into the store under its store name (create-only), then, with
-    ``keep_last``, prune the run: the new restore point is complete before any older one goes."""
-    location = _store(store, storage_options)
-    result = pack(source, location, into_store=True, **options)
-    report = None
-    if keep_last is not None:
-        report = prune(
-            location,
-            keep_last=keep_last,
-            run=result.manifest.run,
-            protect=[entry_name(result.manifest)],
-        )
-    return result, report
 
 
 # -- prune ----------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from ..errors import DestinationError, StorageError, at_url
 from ..format import ChunkCipher, Manifest, PayloadDecoder, check_path, check_paths
 from ..storage import Location, resolve, translate
 from ._open import NO_TRUST, Trust, open_head, open_manifest
-from .gate import CheckResult, Expectations, mismatches, refuse
+from .gate import CLI_HINTS, CheckResult, Expectations, decide, refuse
 from .pack import default_threads
 
 __all__ = ["ImportResult", "import_restore_point"]
@@ -57,11 +57,16 @@ class ImportResult:
     seconds: float
     check: CheckResult
 
+    @property
+    def gated(self) -> bool:
+        return self.check.gated
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "bytes": self.bytes,
             "dest": self.dest,
             "files": self.files,
+            "gated": self.check.gated,
             "id": self.manifest.id,
             "ok": True,
             "position": self.manifest.position.to_dict(),
@@ -74,7 +79,10 @@ def import_restore_point(
     url: str | Location,
     dest: str | os.PathLike[str],
     *,
-    expect: Expectations | None = None,
+    expect: Expectations | Sequence[Expectations] | None = None,
+    strict: bool = False,
+    defer: Iterable[str] = (),
+    hints: Mapping[str, str] = CLI_HINTS,
     force: bool = False,
     threads: int | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -88,6 +96,10 @@ def import_restore_point(
     the whole manifest) and an encrypted payload is decrypted with ``trust.identity`` as it is
     unpacked; a missing or wrong key is a DecryptionError before anything is written.
 
+    ``expect`` is one view of what this machine expects, or several (all must be met);
+    ``strict`` refuses a field the restore point records that no view knows (spec section 16:
+    every resume gates so), except the ``defer``red ones.
+
     Raises IncompatibleRestorePoint (exit 3) when ``expect`` is not met, DestinationError
     (exit 2) when DEST is not empty and ``force`` is not set, an IntegrityError (exit 1) when
     the restore point is not sound, a StorageError (exit 4) when it cannot be read or DEST has
@@ -99,11 +111,11 @@ def import_restore_point(
         reader = location.reader()
         try:
             head = open_head(reader, trust).head
-            result = CheckResult(location.url, head.manifest, [])
-            if expect is not None:
-                result = CheckResult(location.url, head.manifest, mismatches(head.manifest, expect))
-                if not result.compatible:
-                    raise refuse(result)
+            result = decide(
+                location.url, head.manifest, expect, strict=strict, defer=defer, hints=hints
+            )
+            if not result.compatible:
+                raise refuse(result)
             replacing = _check_destination(target, force)
             opened = open_manifest(reader, trust, need_key=True)
             head, manifest = opened.head, opened.manifest

@@ -38,23 +38,44 @@ from types import FrameType
 from typing import Any
 
 from ..adapters.base import Adapter
-from ..errors import NotFound, RestorePointError, UsageError
-from ..ops import import_restore_point, latest, list_store, pack
+from ..errors import IncompatibleRestorePoint, RestorePointError, UsageError
+from ..format import Trainer
+from ..ops import list_store
+from ..ops.gate import Expectations
+from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.resume import choose, resume_import, write_head_file
+from ..runtime.contract import (
+    EXIT_INCOMPATIBLE,
+    EXIT_RESUMABLE,
+    READY_ENV,
+    REFUSED_FILE,
+    RESUME_DIR_ENV,
+    RESUME_HEAD_ENV,
+    SIGNING_KEY_ENV,
+    STORE_ENV,
+    Ready,
+    read_ready,
+)
+from ..trust import Trust, load_signing_key, trust_policy
 from .watchers import Notice, Watcher
 
-__all__ = ["READY_ENV", "RESUME_ENV", "STORE_ENV", "Supervisor", "Telemetry"]
+__all__ = [
+    "READY_ENV",
+    "RESUME_ENV",
+    "STORE_ENV",
+    "Supervisor",
+    "Telemetry",
+    "publishes_itself",
+]
 
 log = logging.getLogger("restorepoint.preempt")
 
-READY_ENV = "RESTOREPOINT_READY_DIR"
-STORE_ENV = "RESTOREPOINT_STORE"
-RESUME_ENV = "RESTOREPOINT_RESUME_DIR"
-EXIT_RESUMABLE = 42
+RESUME_ENV = RESUME_DIR_ENV
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _SAFE_FIELDS = {
     "event", "time", "kind", "source", "step", "seconds", "bytes", "count", "exit_code",
     "seconds_left", "notice_to_published_s", "published", "in_time", "snapshots", "uploads",
-    "resumes", "notices", "upload_failures", "reason",
+    "resumes", "notices", "upload_failures", "reason", "fields",
 }  # fmt: skip
 
 
@@ -80,6 +101,7 @@ class Telemetry:
             doc[key] = value
         if self.path is None:
             return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(doc, sort_keys=True) + "\n")
 
@@ -88,11 +110,13 @@ class Telemetry:
         self.record(name.rstrip("s") if name != "resumes" else "resume", **fields)
 
 
-@dataclass
-class _Ready:
-    pid: int
-    run: str | None
-    run_dir: str | None
+def publishes_itself(adapter: Adapter | None) -> bool:
+    """Whether the trainer publishes its snapshots itself (into $RESTOREPOINT_STORE), and gates
+    its own resumes: no adapter (a restorepoint.torch run is assumed) or the torch adapter."""
+    if adapter is None:
+        return True
+    declared = getattr(adapter, "self_publishing", None)
+    return bool(declared) if declared is not None else adapter.name == "torch"
 
 
 @dataclass
@@ -111,6 +135,17 @@ class Supervisor:
     #: how long to wait for a snapshot to be published when the notice states no deadline
     snapshot_timeout_s: float = 600.0
     storage_options: dict[str, Any] | None = None
+    #: this machine's views for the gate of the resume (spec section 16): every field the
+    #: restore point records is compared with one, except ``defer``: the fields a trainer that
+    #: gates itself compares (a ResumableRun knows its trainer, config and cache keys)
+    views: Sequence[Expectations] = ()
+    defer: frozenset[str] = frozenset()
+    #: forensics only (``--no-gate --force``): import for the trainer without a gate
+    gate: bool = True
+    accept_older: bool = False
+    trust: Trust | None = None
+    #: the key the trainer and the supervisor sign restore points with
+    signing_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -135,29 +170,15 @@ class Supervisor:
 
     @property
     def self_publishing(self) -> bool:
-        """Whether the trainer publishes its snapshots itself (into $RESTOREPOINT_STORE): no
-        adapter (a restorepoint.torch run is assumed) or the torch adapter."""
-        if self.adapter is None:
-            return True
-        declared = getattr(self.adapter, "self_publishing", None)
-        return bool(declared) if declared is not None else self.adapter.name == "torch"
+        return publishes_itself(self.adapter)
 
     # -- the trainer's processes ------------------------------------------------------------
 
-    def ready(self) -> list[_Ready]:
+    def ready(self) -> list[Ready]:
         """Trainer processes that have reported themselves up (and are still alive)."""
-        out: list[_Ready] = []
         if self._ready_dir is None:
-            return out
-        for path in sorted(self._ready_dir.glob("*.json")):
-            try:
-                doc = json.loads(path.read_text())
-                pid = int(doc["pid"])
-                os.kill(pid, 0)
-            except (ValueError, KeyError, OSError):
-                continue
-            out.append(_Ready(pid, doc.get("run"), doc.get("run_dir")))
-        return out
+            return []
+        return read_ready(self._ready_dir)
 
     def _signal_ready(self, signum: int) -> int:
         sent = 0
@@ -177,32 +198,78 @@ class Supervisor:
     # -- resume --------------------------------------------------------------------------------
 
     def _prepare_resume(self, env: dict[str, str]) -> list[str]:
+        """The one gated import for the trainer: the strict gate against this machine's
+        views (a refusal is exit 3 before the trainer starts), under the trust policy."""
         command = list(self.command)
         url = self.resume_from
-        if url is None and self.auto_resume:
-            if self.run is None:
-                return command  # a ResumableRun finds its own run in the store
-            try:
-                url = latest(self.store, run=self.run, storage_options=self.storage_options).url
-            except NotFound:
-                log.warning("no restore point of run %s in the store: starting fresh", self.run)
+        try:
+            if url is None and self.auto_resume:
+                if self.run is None:
+                    return command  # a ResumableRun finds its own run in the store
+                entry = choose(
+                    self.store,
+                    run=self.run,
+                    views=self.views,
+                    defer=self.defer,
+                    accept_older=self.accept_older,
+                    trust=self.trust,
+                    storage_options=self.storage_options,
+                )
+                if entry is None:
+                    log.warning("no restore point of run %s in the store: starting fresh", self.run)
+                    return command
+                url = entry.url
+            if url is None:
                 return command
-        if url is None:
-            return command
-        assert self._ready_dir is not None
-        dest = self._ready_dir / "resume"
-        started = time.perf_counter()
-        result = import_restore_point(url, dest, storage_options=self.storage_options)
+            assert self._ready_dir is not None
+            dest = self._ready_dir / "resume"
+            started = time.perf_counter()
+            result = (
+                resume_import(
+                    url,
+                    dest,
+                    views=self.views if self.gate else (),
+                    defer=self.defer if self.gate else frozenset(),
+                    trust=self.trust,
+                    storage_options=self.storage_options,
+                )
+                if self.gate
+                else _ungated_import(url, dest, self.trust, self.storage_options)
+            )
+        except IncompatibleRestorePoint as exc:
+            self._record_refusal(exc)
+            raise
         self.telemetry.count(
             "resumes",
             step=result.manifest.position.step,
             seconds=time.perf_counter() - started,
             bytes=result.bytes,
         )
-        env[RESUME_ENV] = str(dest)
+        head = self._ready_dir / "resume.head.json"
+        write_head_file(result.manifest, head)
+        env[RESUME_DIR_ENV] = str(dest)
+        env[RESUME_HEAD_ENV] = str(head)
         if self.adapter is not None:
             command = self.adapter.resume_command(dest, result.manifest, command)
         return command
+
+    def _record_refusal(self, exc: RestorePointError) -> None:
+        fields = [str(m.get("field", "")) for m in getattr(exc, "mismatches", ())]
+        self.telemetry.record(
+            "resume_refused", reason=type(exc).__name__, fields=",".join(sorted(set(fields)))
+        )
+
+    def _trainer_refused(self) -> None:
+        """The trainer ended with exit 3: its own gate refused the restore point handed to it
+        (it wrote the refused field names beside its ready file)."""
+        assert self._ready_dir is not None
+        try:
+            doc = json.loads((self._ready_dir / REFUSED_FILE).read_text())
+            fields = [str(f) for f in doc.get("fields", [])]
+            reason = str(doc.get("class", "IncompatibleRestorePoint"))
+        except (OSError, ValueError, AttributeError):
+            fields, reason = [], "IncompatibleRestorePoint"
+        self.telemetry.record("resume_refused", reason=reason, fields=",".join(sorted(set(fields))))
 
     # -- notices ---------------------------------------------------------------------------
 
@@ -229,7 +296,7 @@ class Supervisor:
         ready = self.ready()
         if not ready and not self.self_publishing and self._proc is not None:
             # An external trainer writes no ready file: the adapter tells whether it is up.
-            ready = [_Ready(self._proc.pid, self.run, None)]
+            ready = [Ready(self._proc.pid, self.run, None)]
         if not ready:
             log.warning(
                 "notice (%s) but no trainer has reported itself up: nothing to snapshot",
@@ -365,22 +432,20 @@ class Supervisor:
             else:
                 self.telemetry.count("snapshots", step=snap.step)
                 info = self.adapter.trainer()
+                head = HeadSpec(
+                    snap.position, Trainer(info.name, info.version), info.terms, run=self.run
+                )
+                options = PackOptions(
+                    sign=(load_signing_key(self.signing_key),) if self.signing_key else (),
+                    storage_options=self.storage_options,
+                )
                 try:
-                    result = pack(
-                        snap.root,
-                        self.store,
-                        position=snap.position,
-                        trainer=(info.name, info.version),
-                        terms=dict(info.terms),
-                        include=list(snap.files),
-                        run=self.run,
-                        storage_options=self.storage_options,
-                    )
+                    result = publish(snap.root, self.store, head, options, include=snap.files)
                 except RestorePointError as exc:
                     log.warning("the snapshot at step %d was not published: %s", snap.step, exc)
                     return False
                 self.telemetry.record(
-                    "upload", bytes=result.size, seconds=result.seconds, step=snap.step
+                    "upload", bytes=result.pack.size, seconds=result.pack.seconds, step=snap.step
                 )
                 return True
             time.sleep(0.1)
@@ -397,6 +462,8 @@ class Supervisor:
         ready_dir = self._ready_dir = Path(tempfile.mkdtemp(prefix="restorepoint-ready-"))
         env[READY_ENV] = str(ready_dir)
         env[STORE_ENV] = self.store
+        if self.signing_key is not None:
+            env[SIGNING_KEY_ENV] = self.signing_key
         previous: dict[signal.Signals, Any] = {}
         try:
             command = self._prepare_resume(env)
@@ -424,6 +491,8 @@ class Supervisor:
                     log.warning("notice (%s) not handled: %s", notice.detail, exc)
                     self.telemetry.count("upload_failures", kind=notice.kind)
             code = self._proc.wait()
+            if code == EXIT_INCOMPATIBLE:
+                self._trainer_refused()
         except BaseException:
             # No orphan: a trainer left running would train on unsupervised after we are gone.
             if self._proc is not None and self._proc.poll() is None:
@@ -448,3 +517,14 @@ class Supervisor:
             code = 128 - code
         self.telemetry.record("exit", exit_code=code, **self.telemetry.counts)
         return code
+
+
+def _ungated_import(
+    url: str, dest: Path, trust: Trust | None, storage_options: dict[str, Any] | None
+) -> Any:
+    """``--no-gate --force``: forensics. Integrity and the trust policy still hold."""
+    from ..ops import import_restore_point
+
+    return import_restore_point(
+        url, dest, trust=trust_policy(trust), storage_options=storage_options
+    )

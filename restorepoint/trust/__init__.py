@@ -13,15 +13,18 @@ from .keys import (
     load_signing_key,
     raw_public,
 )
+from .policy import NO_TRUST, Trust, trust_policy
 from .signing import PAYLOAD_TYPE, SignatureCheck, check_block, pae, signature_block, statement
 
 __all__ = [
     "FEATURE",
+    "NO_TRUST",
     "PAYLOAD_TYPE",
     "SCHEME",
     "PublicKey",
     "SignatureCheck",
     "StreamCipher",
+    "Trust",
     "check_block",
     "generate",
     "key_id",
@@ -35,4 +38,5 @@ __all__ = [
     "recipients_for",
     "signature_block",
     "statement",
+    "trust_policy",
 ]

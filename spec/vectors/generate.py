@@ -1057,6 +1057,9 @@ class GateVector:
     what: str
     #: the expectation file is exactly what ``pack --handoff`` writes for the vector
     from_pack: bool = False
+    #: the decision under the strict rule of every resume (``check``, ``import
+    #: --check-keys``): a recorded field the file does not expect is unknown here
+    strict: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def file(self) -> str:
@@ -1078,6 +1081,9 @@ class GateVector:
             "compatible": not self.mismatches,
             "exit_code": 3 if self.mismatches else 0,
             "mismatches": self.mismatches,
+            "strict_compatible": not self.strict,
+            "strict_exit_code": 3 if self.strict else 0,
+            "strict_mismatches": self.strict,
             "fault": self.what,
         }
 
@@ -1113,6 +1119,39 @@ class _Drop:
 _DROP: Any = _Drop()
 
 
+_FIELD_ORDER = ("trainer", "terms", "cache_root", "cache_keys", "config")
+
+
+def strict_mismatches(
+    head: dict[str, Any], doc: dict[str, Any], mismatches: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Spec section 16, the strict rule, spelled out on the documents themselves: each field
+    the head records (a trainer, cache root or config that is not null; terms or cache keys
+    that are not empty) that the expectation file does not hold is one mismatch, ``unknown``,
+    with the recorded value as ``found`` (the config by its identity); in field order, the
+    file's own mismatches in place."""
+    recorded = {
+        "trainer": (
+            f"{head['trainer']['name']}={head['trainer']['version']}" if head["trainer"] else None
+        ),
+        "terms": head["terms"] or None,
+        "cache_root": head["cache_root"],
+        "cache_keys": head["cache_keys"] or None,
+        "config": head["config_identity"],
+    }
+    known = {name: name in doc for name in _FIELD_ORDER}
+    known["config"] = "config" in doc or "config_identity" in doc
+    out: list[dict[str, Any]] = []
+    for name in _FIELD_ORDER:
+        if not known[name]:
+            if recorded[name] is not None:
+                out.append({"field": name, "found": recorded[name], "unknown": True})
+            continue
+        prefix = ("config", "config_identity") if name == "config" else (name,)
+        out += [m for m in mismatches if m["field"].split(".")[0] in prefix]
+    return out
+
+
 def build_gate(vectors: list[Vector]) -> list[GateVector]:
     by_name = {x.name: x for x in vectors}
     sample = head_of(by_name["valid-store-only"].data)
@@ -1136,7 +1175,9 @@ def build_gate(vectors: list[Vector]) -> list[GateVector]:
                 del doc[key]
             else:
                 doc[key] = value
-        out.append(GateVector(f"gate-{name}", vector, doc, mismatches, what, from_pack))
+        head = sample if vector == "valid-store-only" else bare
+        strict = strict_mismatches(head, doc, mismatches)
+        out.append(GateVector(f"gate-{name}", vector, doc, mismatches, what, from_pack, strict))
 
     config = sample["config"]
     gate(
@@ -1268,6 +1309,28 @@ def build_gate(vectors: list[Vector]) -> list[GateVector]:
         vector="valid-no-config",
         **{k: v for k, v in base.items() if k not in ("id", "position", "url")},
     )
+    gate(
+        "unknown-here-cache-keys",
+        "A handoff without cache_keys: the files' keys are not checked, but under the strict rule"
+        " of every resume the recorded cache keys are unknown here: refused.",
+        [],
+        cache_keys=_DROP,
+    )
+    gate(
+        "unknown-here-everything",
+        "Only the marker: nothing is expected, so the lenient gate accepts; the strict rule "
+        "refuses every field the restore point records, each unknown here.",
+        [],
+        **{k: _DROP for k in base if k != "handoff"},
+    )
+    gate(
+        "unknown-here-nothing-recorded",
+        "Only the marker, against a restore point that records nothing: nothing is unknown, "
+        "so the strict rule accepts too.",
+        [],
+        vector="valid-no-config",
+        **{k: _DROP for k in bare_doc if k != "handoff"},
+    )
     names = [g.name for g in out]
     assert len(names) == len(set(names)), "gate vector names must be unique"
     return out
@@ -1281,12 +1344,18 @@ def gate_outcome(g: GateVector) -> list[str]:
         return []  # reported as missing already
     try:
         result = restorepoint.check(url, load_expectations(expect_path), raise_on_mismatch=False)
+        strict = restorepoint.check(
+            url, load_expectations(expect_path), raise_on_mismatch=False, strict=True
+        )
     except errors.RestorePointError as exc:
         return [f"{g.name}: the gate raised {errors.error_class(exc)}: {exc}"]
     problems = []
     found = [m.to_dict() for m in result.mismatches]
     if found != g.mismatches:
         problems.append(f"{g.name}: mismatches {found}, expected {g.mismatches}")
+    found = [m.to_dict() for m in strict.mismatches]
+    if found != g.strict:
+        problems.append(f"{g.name}: strict mismatches {found}, expected {g.strict}")
     if g.from_pack and handoff_document(result.manifest, f"{g.vector}.rp") != g.expect:
         problems.append(f"{g.name}: differs from the handoff that pack --handoff writes")
     if g.mismatches:

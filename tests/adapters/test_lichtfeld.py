@@ -421,9 +421,12 @@ def test_import_prints_the_resume_command_and_exec_resumes_to_the_same_state(
         assert trainer.wait(WAIT) == SIGTERM_EXIT
     assert not (out / "splat_2000.ply").exists()
     url = str(tmp_path / "store" / "preempted.rp")
+    # Packed with this machine's view of its data: --exec gates the resume strictly, and the
+    # data digest of the trainer's own -d must match.
     proc = cli(
-        "pack", str(out), url, "--adapter", "lichtfeld", "--adapter-option", f"binary={FAKE_BINARY}"
-    )
+        "pack", str(out), url, "--adapter", "lichtfeld", "--adapter-option",
+        f"binary={FAKE_BINARY}", "--data", str(data),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     step = read_manifest(url).position.step
     assert step >= 1000

@@ -550,3 +550,71 @@ def test_resume_checkpoint_imports_the_newest_restore_point_of_the_run(tmp_path:
     with pytest.raises(IncompatibleRestorePoint):
         resume_checkpoint(other, store, run=callback.run, config={"lr": 0.1})
     assert not other.exists() or list(other.iterdir()) == []
+
+
+# -- the gate of resume_checkpoint (spec section 16) ----------------------------------------
+
+
+def test_resume_checkpoint_refuses_a_restore_point_of_another_machine(tmp_path: Path) -> None:
+    """A real fit preempted at step 6; its payload packed again with one field changed at a
+    time: each refused by name before anything takes last.ckpt's name; the unchanged one
+    resumes, loaded weights-only by Lightning itself."""
+    from restorepoint import import_restore_point, pack
+
+    config = {"lr": 0.05, "epochs": 2}
+    ckpt, store = tmp_path / "a", f"{tmp_path / 'store'}/"
+    callback = PreemptionCallback(ckpt, store=store, config=config)
+    trainer_for(tmp_path, 1, callback, SignalAt(step=6)).fit(Regression())
+    (entry,) = list_store(store)
+    payload = tmp_path / "payload"
+    import_restore_point(entry.url, payload)
+    head = read_manifest(entry.url, head_only=True)
+    assert head.trainer is not None
+
+    def repack(name: str, **changes: Any) -> str:
+        fields: dict[str, Any] = {
+            "trainer": (head.trainer.name, head.trainer.version),  # type: ignore[union-attr]
+            "terms": dict(head.terms),
+            "config": config,
+            "run": callback.run,
+            "cache_root": None,
+        }
+        fields.update(changes)
+        other = f"{tmp_path / name}/"
+        pack(payload, other, position=head.position, **fields)
+        return other
+
+    cases = {
+        "lightning-version": ({"trainer": ("lightning", "0.0.1")}, "trainer"),
+        "torch-term": ({"terms": {**head.terms, "torch": "1.0.0"}}, "terms.torch"),
+        "cache-root": ({"cache_root": "/elsewhere"}, "cache_root"),
+        "lr": ({"config": {**config, "lr": 0.1}}, "config.lr"),
+    }
+    for name, (changes, field) in cases.items():
+        directory = tmp_path / f"b-{name}"
+        with pytest.raises(IncompatibleRestorePoint) as info:
+            resume_checkpoint(directory, repack(name, **changes), run=callback.run, config=config)
+        assert [m["field"] for m in info.value.mismatches] == [field], name
+        assert not (directory / "last.ckpt").exists(), name
+
+    directory = tmp_path / "b-same"
+    path = resume_checkpoint(directory, repack("same"), run=callback.run, config=config)
+    assert path == str(directory / "last.ckpt")
+    watch = Watch(directory)
+    trainer = trainer_for(tmp_path / "b", 1, watch)
+    with pytest.warns(PossibleUserWarning, match="ended before the epoch ended"):
+        trainer.fit(Regression(seed=1), ckpt_path=path, weights_only=True)
+    assert watch.start_step == 6
+
+
+def test_the_adapters_local_view_is_detected_here(tmp_path: Path) -> None:
+    import lightning
+
+    from restorepoint.runtime.detect import torch_terms
+
+    view = LightningAdapter().local_view(config={"lr": 1})
+    assert view.trainer is not None
+    assert (view.trainer.name, view.trainer.version) == ("lightning", lightning.__version__)  # type: ignore[union-attr]
+    assert view.terms == {**torch_terms(), "lightning": lightning.__version__}
+    assert view.config == {"lr": 1}
+    assert view.source("trainer") == "detected: the installed lightning"

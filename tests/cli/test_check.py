@@ -46,28 +46,41 @@ def mismatch_lines(stderr: str) -> list[str]:
     return [line.removeprefix("restorepoint:   ") for line in lines[1:]]
 
 
-def test_check_compatible(packed: tuple[str, Path]) -> None:
+def everything(config_file: Path) -> tuple[str, ...]:
+    """Every field the packed restore point records, known here from the options."""
+    return (
+        "--trainer", "t=1.0", *TERMS, "--key", "dataset=abc", "--cache-root", "/cache",
+        "--config", str(config_file),
+    )  # fmt: skip
+
+
+def test_check_compatible(packed: tuple[str, Path], config_file: Path) -> None:
     url, _ = packed
-    proc = cli("check", url, "--trainer", "t=1.0", *TERMS, "--key", "dataset=abc")
+    proc = cli("check", url, *everything(config_file))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"compatible: step 7 ({url})\n"
     assert proc.stderr == ""
 
 
 def test_check_compatible_json(packed: tuple[str, Path]) -> None:
-    url, _ = packed
-    proc = cli("check", url, "--cache-root", "/cache", "--json")
+    url, handoff = packed
+    proc = cli("check", url, "--expect", str(handoff), "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["ok"] is True and out["compatible"] is True
+    assert out["ok"] is True and out["compatible"] is True and out["gated"] is True
     assert out["mismatches"] == []
     assert out["position"] == {"step": 7}
     assert out["url"] == url
 
 
-def test_check_refused_prints_one_line_per_mismatch(packed: tuple[str, Path]) -> None:
+def test_check_refused_prints_one_line_per_mismatch(
+    packed: tuple[str, Path], config_file: Path
+) -> None:
     url, _ = packed
-    proc = cli("check", url, "--trainer", "t=2.0", "--term", "cuda=12.1", "--cache-root", "/c")
+    proc = cli(
+        "check", url, "--trainer", "t=2.0", "--term", "cuda=12.1", "--cache-root", "/c",
+        "--key", "dataset=abc", "--config", str(config_file),
+    )  # fmt: skip
     assert proc.returncode == 3
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr
@@ -76,18 +89,22 @@ def test_check_refused_prints_one_line_per_mismatch(packed: tuple[str, Path]) ->
         f"restorepoint: error: {url}: refused: 4 expectation(s) not met "
         "(trainer, terms.cuda, terms.torch, cache_root)"
     )
-    # Terms are a whole map: torch is recorded but was not expected.
+    # Terms are a whole map: torch is recorded but was not expected. Each line names where
+    # the value here came from.
     assert mismatch_lines(proc.stderr) == [
-        "trainer: expected t=2.0, found t=1.0",
-        "terms.cuda: expected 12.1, found 12.4",
-        "terms.torch: expected (absent), found 2.13.0",
-        "cache_root: expected /c, found /cache",
+        "trainer: here t=2.0 (--trainer), in the restore point t=1.0",
+        "terms.cuda: here 12.1 (--term), in the restore point 12.4",
+        "terms.torch: here (absent) (--term), in the restore point 2.13.0",
+        "cache_root: here /c (--cache-root), in the restore point /cache",
     ]
 
 
 def test_check_refused_json(packed: tuple[str, Path]) -> None:
-    url, _ = packed
-    proc = cli("check", url, *TERMS, "--term", "nccl=2.21", "--key", "dataset=xyz", "--json")
+    url, handoff = packed
+    proc = cli(
+        "check", url, "--expect", str(handoff), *TERMS, "--term", "nccl=2.21",
+        "--key", "dataset=xyz", "--json",
+    )  # fmt: skip
     assert proc.returncode == 3
     lines = proc.stdout.splitlines()
     assert len(lines) == 1, proc.stdout
@@ -98,19 +115,29 @@ def test_check_refused_json(packed: tuple[str, Path]) -> None:
     assert error["exit_code"] == 3
     assert error["url"] == url
     assert error["mismatches"] == [
-        {"field": "terms.nccl", "expected": "2.21"},
-        {"field": "cache_keys.dataset", "expected": "xyz", "found": "abc"},
+        {"field": "terms.nccl", "expected": "2.21", "source": "--term"},
+        {"field": "cache_keys.dataset", "expected": "xyz", "found": "abc", "source": "--key"},
     ]
     assert mismatch_lines(proc.stderr) == [
-        "terms.nccl: expected 2.21, found (absent)",
-        "cache_keys.dataset: expected xyz, found abc",
+        "terms.nccl: here 2.21 (--term), in the restore point (absent)",
+        "cache_keys.dataset: here xyz (--key), in the restore point abc",
     ]
 
 
-def test_check_without_expectation_is_a_usage_error(packed: tuple[str, Path]) -> None:
-    proc = cli("check", packed[0])
-    assert proc.returncode == 2
-    assert "needs at least one expectation" in one_error_line(proc)
+def test_check_with_nothing_known_here_refuses_every_recorded_field(
+    packed: tuple[str, Path],
+) -> None:
+    """The strict rule: a field this machine cannot know is a refusal, never a pass."""
+    proc = cli("check", packed[0], "--term", "cuda=12.4", "--term", "torch=2.13.0", "--json")
+    assert proc.returncode == 3
+    found = json.loads(proc.stdout)["error"]["mismatches"]
+    assert [(m["field"], m.get("unknown")) for m in found] == [
+        ("trainer", True), ("cache_root", True), ("cache_keys", True), ("config", True),
+    ]  # fmt: skip
+    assert mismatch_lines(proc.stderr)[2] == (
+        "cache_keys: unknown here (give --key, --data, --expect or an adapter); "
+        'in the restore point {"dataset":"abc"}'
+    )
 
 
 def test_handoff_then_check_and_options_override_it(packed: tuple[str, Path]) -> None:
@@ -125,7 +152,7 @@ def test_handoff_then_check_and_options_override_it(packed: tuple[str, Path]) ->
     assert proc.returncode == 3, proc.stderr
     out = json.loads(proc.stdout)
     assert out["error"]["mismatches"] == [
-        {"field": "terms.cuda", "expected": "other", "found": "12.4"}
+        {"field": "terms.cuda", "expected": "other", "found": "12.4", "source": "--term"}
     ]
 
 
@@ -147,20 +174,28 @@ def test_config_file_in_yaml_or_toml_gives_the_identity(
 ) -> None:
     url, _ = packed
     # Another checkpoint interval (an operational key of the restore point): compatible.
+    url, handoff = packed
+    others = ("--trainer", "t=1.0", *TERMS, "--key", "dataset=abc", "--cache-root", "/cache")
     toml = tmp_path / "train.toml"
     toml.write_text("lr = 0.001\n[model]\nwidth = 64\n[train]\ncheckpoint_every = 100\n")
-    proc = cli("check", url, "--config", str(toml))
+    proc = cli("check", url, *others, "--config", str(toml))
     assert proc.returncode == 0, proc.stderr
     yaml = tmp_path / "other.yml"
     yaml.write_text(
         "lr: 0.0003\nmodel:\n  width: 64\n  depth: 2\ntrain:\n  checkpoint_every: 500\n"
     )
-    proc = cli("check", url, "--config", str(yaml))
+    proc = cli("check", url, *others, "--config", str(yaml))
     assert proc.returncode == 3
     assert mismatch_lines(proc.stderr) == [
-        "config.lr: expected 0.0003, found 0.001",
-        "config.model.depth: expected 2, found (absent)",
+        "config.lr: here 0.0003 (--config), in the restore point 0.001",
+        "config.model.depth: here 2 (--config), in the restore point (absent)",
     ]
+    # The handoff and the options are two views: the restore point must meet both.
+    proc = cli("check", url, "--expect", str(handoff), "--config", str(yaml))
+    assert proc.returncode == 3
+    assert [line.split(":")[0] for line in mismatch_lines(proc.stderr)] == [
+        "config.lr", "config.model.depth",
+    ]  # fmt: skip
 
 
 def test_import_check_keys_without_expectation_is_a_usage_error(
@@ -180,13 +215,15 @@ def test_import_refused_creates_no_dest(tmp_path: Path, packed: tuple[str, Path]
         "import", url, str(dest), "--check-keys", "--expect", str(handoff), "--key", "dataset=z"
     )
     assert proc.returncode == 3
-    assert mismatch_lines(proc.stderr) == ["cache_keys.dataset: expected z, found abc"]
+    assert mismatch_lines(proc.stderr) == [
+        "cache_keys.dataset: here z (--key), in the restore point abc"
+    ]
     assert not dest.exists()
     assert not dest.parent.exists()
     proc = cli("import", url, str(dest), "--trainer", "other=1.0", "--json")
     assert proc.returncode == 3
     assert json.loads(proc.stdout)["error"]["mismatches"] == [
-        {"field": "trainer", "expected": "other=1.0", "found": "t=1.0"}
+        {"field": "trainer", "expected": "other=1.0", "found": "t=1.0", "source": "--trainer"}
     ]
     assert not dest.parent.exists()
 

@@ -54,7 +54,11 @@ def test_human_summary(packed: str, out: Path) -> None:
     dest = out / "run"
     proc = cli("import", packed, str(dest))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
+    # A plain import is "give me the files": it says on stderr that nothing was checked.
+    assert proc.stderr == (
+        "restorepoint: warning: nothing was checked: the import is not gated (give "
+        "--check-keys with --adapter, --expect or expected values)\n"
+    )
     total = sum(len(v) for v in FILES.values())
     line = proc.stdout.strip()
     assert line.startswith("imported step 7, epoch 2, batch 5: 3 files, ")
@@ -66,10 +70,11 @@ def test_json_shape(packed: str, out: Path) -> None:
     dest = out / "run"
     proc = cli("import", packed, str(dest), "--json")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
+    assert "nothing was checked" in proc.stderr
     data = json.loads(proc.stdout)
-    keys = {"ok", "url", "dest", "id", "position", "files", "bytes", "seconds"}
+    keys = {"ok", "url", "dest", "id", "position", "files", "bytes", "seconds", "gated"}
     assert set(data) == keys
+    assert data["gated"] is False
     assert data["ok"] is True and data["url"] == packed and data["dest"] == str(dest)
     assert data["id"] == restorepoint.read_manifest(packed).id
     assert data["position"] == {"step": 7, "epoch": 2, "batch": 5}

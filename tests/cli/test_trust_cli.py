@@ -210,7 +210,7 @@ def test_check_with_a_signature_policy(keys: Keys, packed: Packed) -> None:
     # Signed and trusted, but another CUDA: the gate's refusal, exit 3.
     proc = cli("check", packed.sealed, "--term", "cuda=11.8", *policy)
     assert proc.returncode == 3
-    assert "terms.cuda: expected 11.8, found 12.4" in proc.stderr
+    assert "terms.cuda: here 11.8 (--term), in the restore point 12.4" in proc.stderr
 
 
 # -- import ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import sys
 import time
 
 import restorepoint
-from restorepoint.ops.store import publish_into_store
+from restorepoint.ops.publish import HeadSpec, PackOptions, publish
 
 RUN = "r1"
 #: Fixed so that the new restore point is byte-identical, and named alike, from trial to trial.
@@ -36,16 +36,9 @@ def main(argv: list[str]) -> int:
 
     print("ready", flush=True)
     if verb == "pack":
-        _, report = publish_into_store(
-            argv[1],
-            store,
-            keep_last=1,
-            position=STEP,
-            run=RUN,
-            chunk_size=CHUNK_SIZE,
-            rp_id=RP_ID,
-            created=CREATED,
-        )
+        head = HeadSpec(STEP, run=RUN, rp_id=RP_ID, created=CREATED)
+        done = publish(argv[1], store, head, PackOptions(chunk_size=CHUNK_SIZE), keep_last=1)
+        report = done.pruned
         assert report is not None
     elif verb == "prune":
         report = restorepoint.prune(store, keep_last=2, run=RUN)

@@ -20,7 +20,10 @@ RECORDS: list[dict[str, Any]] = json.loads((VECTORS / "index.json").read_text("u
 GATES: list[dict[str, Any]] = json.loads((VECTORS / "gate" / "index.json").read_text("utf-8"))
 TRUSTS: list[dict[str, Any]] = json.loads((VECTORS / "trust" / "index.json").read_text("utf-8"))
 FIELDS = {"name", "file", "valid", "expected_error", "exit_code", "fault"}
-GATE_FIELDS = {"name", "kind", "vector", "expect", "compatible", "exit_code", "mismatches", "fault"}
+GATE_FIELDS = {
+    "name", "kind", "vector", "expect", "compatible", "exit_code", "mismatches",
+    "strict_compatible", "strict_exit_code", "strict_mismatches", "fault",
+}  # fmt: skip
 TRUST_FIELDS = FIELDS | {"kind", "trust", "require_signature", "identity"}
 
 
@@ -113,6 +116,12 @@ def test_gate_vectors_cover_the_gate() -> None:
     assert {True, False} == {r["compatible"] for r in GATES}
     fields = {m["field"].split(".")[0] for r in GATES for m in r["mismatches"]}
     assert fields == {"trainer", "terms", "cache_root", "cache_keys", "config", "config_identity"}
+    # The strict rule refuses each field unknown here, and passes a restore point that records
+    # nothing with an empty view.
+    unknown = {m["field"] for r in GATES for m in r["strict_mismatches"] if m.get("unknown")}
+    assert unknown == {"trainer", "terms", "cache_root", "cache_keys", "config"}
+    assert any(r["compatible"] and not r["strict_compatible"] for r in GATES)
+    assert any(r["strict_compatible"] and r["name"].startswith("gate-unknown-here") for r in GATES)
     # Both absent sides occur: a name expected but not recorded, and one recorded only.
     sides = {tuple(sorted(set(m) - {"field"})) for r in GATES for m in r["mismatches"]}
     assert {("expected",), ("found",), ("expected", "found")} <= sides
@@ -127,9 +136,16 @@ def test_gate_record_is_well_formed(record: dict[str, Any]) -> None:
     assert vector["valid"] is True
     assert record["compatible"] is (record["mismatches"] == [])
     assert record["exit_code"] == (0 if record["compatible"] else 3)
+    assert record["strict_compatible"] is (record["strict_mismatches"] == [])
+    assert record["strict_exit_code"] == (0 if record["strict_compatible"] else 3)
     for m in record["mismatches"]:
         assert set(m) - {"field"} <= {"expected", "found"} and "field" in m
         assert set(m) != {"field"}
+    for m in record["strict_mismatches"]:
+        if m.get("unknown"):
+            assert set(m) == {"field", "found", "unknown"}
+        else:
+            assert m in record["mismatches"]
 
 
 @pytest.mark.parametrize("record", by_name(GATES))
@@ -139,6 +155,9 @@ def test_library_gate_gives_the_recorded_decision(record: dict[str, Any]) -> Non
     result = restorepoint.check(url, expect, raise_on_mismatch=False)
     assert result.compatible is record["compatible"]
     assert [m.to_dict() for m in result.mismatches] == record["mismatches"]
+    strict = restorepoint.check(url, expect, raise_on_mismatch=False, strict=True)
+    assert strict.compatible is record["strict_compatible"]
+    assert [m.to_dict() for m in strict.mismatches] == record["strict_mismatches"]
 
 
 @pytest.mark.parametrize("record", by_name(GATES))
@@ -151,12 +170,13 @@ def test_cli_gate_gives_the_recorded_decision(record: dict[str, Any]) -> None:
         text=True,
         timeout=120,
     )  # fmt: skip
-    assert done.returncode == record["exit_code"], done.stderr
+    # check is the strict gate of every resume.
+    assert done.returncode == record["strict_exit_code"], done.stderr
     assert "Traceback" not in done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 1, done.stdout
     out = json.loads(lines[0])
-    if record["compatible"]:
+    if record["strict_compatible"]:
         assert done.stderr == ""
         assert out["ok"] is True
         assert out["mismatches"] == []
@@ -164,9 +184,12 @@ def test_cli_gate_gives_the_recorded_decision(record: dict[str, Any]) -> None:
     assert out["ok"] is False
     assert out["error"]["class"] == "IncompatibleRestorePoint"
     assert out["error"]["exit_code"] == 3
-    assert out["error"]["mismatches"] == record["mismatches"]
+    found = out["error"]["mismatches"]
+    # The CLI names where each value came from: here, the handoff file.
+    assert {m.pop("source") for m in found if "source" in m} <= {"--expect"}
+    assert found == record["strict_mismatches"]
     # The summary line, then one line per mismatch.
-    assert len(done.stderr.splitlines()) == 1 + len(record["mismatches"]), done.stderr
+    assert len(done.stderr.splitlines()) == 1 + len(record["strict_mismatches"]), done.stderr
 
 
 # -- trust vectors --------------------------------------------------------------------------

@@ -127,6 +127,7 @@ def test_every_expectation_met_is_compatible(rp: tuple[str, restorepoint.Manifes
     assert result.manifest.id == manifest.id
     assert result.to_dict() == {
         "compatible": True,
+        "gated": True,
         "id": manifest.id,
         "mismatches": [],
         "ok": True,
@@ -239,7 +240,7 @@ def test_learning_rate_changed_is_refused_by_name(rp: tuple[str, restorepoint.Ma
     with pytest.raises(IncompatibleRestorePoint) as info:
         restorepoint.check(rp[0], Expectations(config=config))
     assert info.value.mismatches == [{"field": "config.lr", "expected": 0.0003, "found": 0.001}]
-    assert info.value.details == ["config.lr: expected 0.0003, found 0.001"]
+    assert info.value.details == ["config.lr: here 0.0003, in the restore point 0.001"]
     assert "config.lr" in str(info.value)
 
 
@@ -362,9 +363,9 @@ def test_refusal_carries_one_line_per_mismatch(rp: tuple[str, restorepoint.Manif
     with pytest.raises(IncompatibleRestorePoint) as info:
         restorepoint.check(rp[0], expect)
     assert info.value.details == [
-        "terms.cuda: expected (absent), found 12.4",
-        "terms.nccl: expected 2.21, found (absent)",
-        f"cache_root: expected (none), found {ROOT}",
+        "terms.cuda: here (absent), in the restore point 12.4",
+        "terms.nccl: here 2.21, in the restore point (absent)",
+        f"cache_root: here (none), in the restore point {ROOT}",
     ]
     assert str(info.value) == (
         f"{rp[0]}: refused: 3 expectation(s) not met (terms.cuda, terms.nccl, cache_root)"

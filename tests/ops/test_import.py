@@ -141,7 +141,9 @@ def test_import_into_absent_dest(rp: str, out: Path) -> None:
 def test_result_as_data(rp: str, out: Path) -> None:
     result = restorepoint.import_restore_point(rp, out / "ckpt")
     data = result.to_dict()
-    assert set(data) == {"bytes", "dest", "files", "id", "ok", "position", "seconds", "url"}
+    assert set(data) == {
+        "bytes", "dest", "files", "gated", "id", "ok", "position", "seconds", "url"
+    }  # fmt: skip
     assert data["ok"] is True and data["url"] == rp and data["dest"] == str(out / "ckpt")
     assert data["position"] == {"step": 42, "epoch": 3, "batch": 1}
     assert data["id"] == restorepoint.read_manifest(rp).id

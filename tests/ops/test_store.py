@@ -16,13 +16,14 @@ import restorepoint
 from restorepoint import AlreadyExists, NotFound, UsageError, config_identity
 from restorepoint.format import read_head
 from restorepoint.ops._naming import NAME_PATTERN, entry_name
+from restorepoint.ops.publish import HeadSpec, PackOptions
+from restorepoint.ops.publish import publish as publish_ops
 from restorepoint.ops.store import (
     DEFAULT_GRACE_S,
     latest,
     list_store,
     parse_duration,
     prune,
-    publish_into_store,
 )
 from restorepoint.storage import resolve
 from restorepoint.storage._location import LocalLocation
@@ -208,9 +209,10 @@ def test_a_store_publish_is_create_only(source: Path, store: Path) -> None:
 def test_publish_into_store_prunes_only_after_the_publish(source: Path, store: Path) -> None:
     old = [publish(source, store, "a", s, at=s) for s in (1, 2)]
     other = publish(source, store, "b", 1)
-    result, report = publish_into_store(
-        source, str(store), keep_last=1, position=3, run="a", chunk_size=CHUNK
+    done = publish_ops(
+        source, str(store) + "/", HeadSpec(3, run="a"), PackOptions(chunk_size=CHUNK), keep_last=1
     )
+    result, report = done.pack, done.pruned
     assert report is not None
     assert report.deleted == [r.url for r in old]
     assert names(list_store(str(store))) == [name_of(result), name_of(other)]
@@ -659,9 +661,11 @@ def test_pack_keep_last_never_deletes_what_it_just_published(source: Path, store
     # A run restarted from an older restore point publishes a lower step than its newest: the
     # step it publishes must survive its own prune (it is what the job resumes from next).
     newer = publish(source, store, "r1", 2000, at=1)
-    result, report = publish_into_store(
-        source, str(store) + "/", keep_last=1, position=1000, run="r1", chunk_size=CHUNK
-    )
+    done = publish_ops(
+        source, str(store) + "/", HeadSpec(1000, run="r1"), PackOptions(chunk_size=CHUNK),
+        keep_last=1,
+    )  # fmt: skip
+    result, report = done.pack, done.pruned
     assert report is not None
     assert report.deleted == []
     kept = {e.name: reasons for e, reasons in report.runs[0].keep}

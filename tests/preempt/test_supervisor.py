@@ -24,11 +24,11 @@ torch = pytest.importorskip("torch", reason="the trainer needs torch")
 
 from clirun import cli, one_error_line  # noqa: E402
 
-from restorepoint.adapters.torch_run import run_id_for  # noqa: E402
 from restorepoint.format import config_identity  # noqa: E402
 from restorepoint.ops import list_store, pack, verify  # noqa: E402
 from restorepoint.preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry  # noqa: E402
 from restorepoint.preempt.watchers import Notice  # noqa: E402
+from restorepoint.runtime.run import run_id_for  # noqa: E402
 from restorepoint.testing.trainer import CONFIG, OPERATIONAL  # noqa: E402
 
 from .emulators import AwsEmulator, GcpEmulator  # noqa: E402

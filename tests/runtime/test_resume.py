@@ -19,9 +19,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
-import _trainer_variants as tv  # noqa: E402
-
 from restorepoint.format import Position  # noqa: E402
+
+from . import _trainer_variants as tv  # noqa: E402
 
 SEED = int(os.environ.get("RESTOREPOINT_TEST_SEED", "20260611"))
 PER_EPOCH = tv.steps_per_epoch()

@@ -20,12 +20,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
-import _trainer_variants as tv  # noqa: E402
-
 from restorepoint.errors import StorageUnavailable, UsageError  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
 from restorepoint.ops import list_store  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
+
+from . import _trainer_variants as tv  # noqa: E402
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 TOTAL = tv.total_steps()
@@ -467,14 +467,14 @@ def test_resubmit_limit_fails_the_second_preemption(tmp_path: Path) -> None:
 def test_a_stop_waits_for_the_upload_once_within_upload_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from restorepoint.adapters import torch_run
+    from restorepoint.runtime import run as runtime_run
 
     release = threading.Event()
-    real_pack = torch_run.pack
+    real_publish = runtime_run.publish
 
-    def stuck_pack(*args: Any, **kwargs: Any) -> Any:
+    def stuck_publish(*args: Any, **kwargs: Any) -> Any:
         release.wait(60)
-        return real_pack(*args, **kwargs)
+        return real_publish(*args, **kwargs)
 
     timeouts: list[float | None] = []
     real_wait = ResumableRun.wait
@@ -483,7 +483,7 @@ def test_a_stop_waits_for_the_upload_once_within_upload_timeout(
         timeouts.append(timeout)
         return real_wait(self, timeout)
 
-    monkeypatch.setattr(torch_run, "pack", stuck_pack)
+    monkeypatch.setattr(runtime_run, "publish", stuck_publish)
     monkeypatch.setattr(ResumableRun, "wait", spy_wait)
     store = f"{tmp_path / 'store'}/"
     try:
@@ -572,17 +572,17 @@ def test_upload_to_an_unreachable_s3_store_fails_and_training_goes_on(
 
 def packs_with_priority(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """Record (step, nice of the calling thread) for every pack the run starts."""
-    from restorepoint.adapters import torch_run
+    from restorepoint.runtime import run as runtime_run
 
     seen: list[tuple[int, int]] = []
-    real_pack = torch_run.pack
+    real_publish = runtime_run.publish
 
-    def spy_pack(*args: Any, **kwargs: Any) -> Any:
+    def spy_publish(*args: Any, **kwargs: Any) -> Any:
         nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        seen.append((kwargs["position"].step, nice))
-        return real_pack(*args, **kwargs)
+        seen.append((args[2].position.step, nice))  # publish(source, store, head, options)
+        return real_publish(*args, **kwargs)
 
-    monkeypatch.setattr(torch_run, "pack", spy_pack)
+    monkeypatch.setattr(runtime_run, "publish", spy_publish)
     return seen
 
 
@@ -596,9 +596,9 @@ def worker_nice(found: list[int]) -> tv.Hook:
     """A before_commit hook that records the background thread's nice value at step 3."""
 
     def hook(run: ResumableRun, step: int) -> None:
-        worker = run._worker
-        if step == 3 and worker is not None and worker.native_id is not None:
-            found.append(os.getpriority(os.PRIO_PROCESS, worker.native_id))
+        native_id = run.worker.native_id
+        if step == 3 and native_id is not None:
+            found.append(os.getpriority(os.PRIO_PROCESS, native_id))
 
     return hook
 

@@ -17,12 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
-import _trainer_variants as tv  # noqa: E402
-
-from restorepoint.adapters import torch_run  # noqa: E402
 from restorepoint.errors import IncompatibleRestorePoint  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
+from restorepoint.runtime import contract as run_contract  # noqa: E402
+from restorepoint.runtime import run as runtime_run  # noqa: E402
 from restorepoint.torch import ResumableRun, run_id_for  # noqa: E402
+
+from . import _trainer_variants as tv  # noqa: E402
 
 # The head's `run` field: what a run id must be to name restore points in a store.
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -249,15 +250,17 @@ def test_status_and_events_are_whole_after_every_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writes: list[str] = []
-    real_write = torch_run._atomic_write
+    real_write = run_contract.atomic_write
 
     def checked_write(path: Path, data: bytes) -> None:
         real_write(path, data)
-        writes.append(path.name)
-        if path.suffix == ".json":
-            json.loads(path.read_text())
+        writes.append(Path(path).name)
+        if Path(path).suffix == ".json":
+            json.loads(Path(path).read_text())
 
-    monkeypatch.setattr(torch_run, "_atomic_write", checked_write)
+    # The run directory's files (contract) and the position sidecar (the run's save).
+    monkeypatch.setattr(run_contract, "atomic_write", checked_write)
+    monkeypatch.setattr(runtime_run, "atomic_write", checked_write)
     run_dir = make(root=tmp_path).run_dir
     stop = threading.Event()
     seen = {"status": 0, "events": 0}
@@ -319,14 +322,14 @@ def test_events_from_the_worker_and_the_main_thread_stay_in_time_order(
     """The snapshot worker (uploaded) and the training thread (snapshot) append events at the
     same moments; a line stamped first is written first. Stamping gives the other thread a
     chance to run, so an unlocked writer interleaves here nearly every time."""
-    real_now = torch_run._now
+    real_now = run_contract.now
 
     def yielding_now() -> str:
         stamp = real_now()
         time.sleep(0.0005)
         return stamp
 
-    monkeypatch.setattr(torch_run, "_now", yielding_now)
+    monkeypatch.setattr(run_contract, "now", yielding_now)
     run = make(root=tmp_path)
     run.run_dir.mkdir(parents=True)
 

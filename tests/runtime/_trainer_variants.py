@@ -4,7 +4,7 @@ In-process: ``train()`` runs (or resumes) one run to its end or to a preemption 
 ``Outcome``: the exit code, the position resume() reported, every sample index fed to the model
 in order, the random numbers drawn after each commit, and the final state of every tracked
 object. As a script (``python _trainer_variants.py ddp ...``) it is one rank of a DDP run over
-gloo, for tests/torch_runtime/test_distributed.py.
+gloo, for tests/runtime/test_distributed.py.
 """
 
 from __future__ import annotations
@@ -236,16 +236,16 @@ def ddp_main(argv: list[str]) -> int:
     parser.add_argument("--pack-delay", type=float, help="seconds each pack waits first")
     args = parser.parse_args(argv)
     if args.pack_delay:
-        from restorepoint.adapters import torch_run
+        from restorepoint.runtime import run as runtime_run
 
-        real_pack = torch_run.pack
+        real_publish = runtime_run.publish
 
-        def slow_pack(*a: Any, **k: Any) -> Any:
+        def slow_publish(*a: Any, **k: Any) -> Any:
             # A slow upload: the next snapshot comes while this one is still being packed.
             time.sleep(args.pack_delay)
-            return real_pack(*a, **k)
+            return real_publish(*a, **k)
 
-        torch_run.pack = slow_pack  # type: ignore[assignment]
+        runtime_run.publish = slow_publish  # type: ignore[assignment]
     torch.set_num_threads(1)
     if args.world > 1:
         torch.distributed.init_process_group(

@@ -1,0 +1,2 @@
+"""The PyTorch training runtime (``restorepoint.torch`` is its public face). Imports nothing
+heavy here: torch is loaded by the modules that need it."""

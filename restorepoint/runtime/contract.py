@@ -1,0 +1,273 @@
+"""The run-directory contract, defined once: the files of a run directory, the environment a
+supervisor (``restorepoint run``) hands a trainer, the ready files, the resumable exit code,
+and asking a running trainer for a snapshot. The runtime (ResumableRun), ``restorepoint
+snapshot`` and the supervisor read and write these through this module and nowhere else
+(docs/adapters.md, "Files in the run directory").
+
+    RUN_DIR/
+      config_identity.json   config, identity, operational keys, run id, seed (written once)
+      run_status.json        running / preempted / completed / failed, resubmit count, ...
+      events.jsonl           one JSON object a line, in time order, fsynced
+      trainer.json           who to signal for a snapshot: the trainer, or its supervisor
+      tracker_run_id         a tracker's run id, best effort
+      checkpoints/           last.pt (last.rankN.pt), position.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .._posix import atomic_write, pid_alive, started_after
+from ..errors import NotFound, UsageError
+from ..ops.local_view import CACHE_ROOT_ENV
+
+__all__ = [
+    "CACHE_ROOT_ENV",
+    "CHECKPOINTS",
+    "EVENTS_FILE",
+    "EXIT_INCOMPATIBLE",
+    "EXIT_RESUMABLE",
+    "IDENTITY_FILE",
+    "POSITION_FILE",
+    "READY_ENV",
+    "REFUSED_FILE",
+    "RESUME_DIR_ENV",
+    "RESUME_HEAD_ENV",
+    "SIGNING_KEY_ENV",
+    "STATUS_FILE",
+    "STORE_ENV",
+    "TRAINER_FILE",
+    "Ready",
+    "RunDirectory",
+    "now",
+    "read_ready",
+    "report_ready",
+    "request_snapshot",
+]
+
+#: The documented exit code of a run that stopped on request and can be resumed (42).
+EXIT_RESUMABLE = 42
+#: A resume the gate refused: the trainer did not train; a scheduler must not requeue it.
+EXIT_INCOMPATIBLE = 3
+
+#: Where a supervised trainer reports itself up: ``$RESTOREPOINT_READY_DIR/PID.json``.
+READY_ENV = "RESTOREPOINT_READY_DIR"
+#: The store a supervisor publishes to, handed to a trainer that publishes itself.
+STORE_ENV = "RESTOREPOINT_STORE"
+#: A restore point the supervisor imported for the trainer: the payload directory ...
+RESUME_DIR_ENV = "RESTOREPOINT_RESUME_DIR"
+#: ... and its head, which a trainer that gates itself compares with its own local view.
+RESUME_HEAD_ENV = "RESTOREPOINT_RESUME_HEAD"
+#: The Ed25519 private key a supervised trainer signs its restore points with.
+SIGNING_KEY_ENV = "RESTOREPOINT_SIGNING_KEY"
+#: Written into the ready directory by a trainer whose resume the gate refused: the refused
+#: field names, for the supervisor's telemetry.
+REFUSED_FILE = "resume-refused.json"
+
+IDENTITY_FILE = "config_identity.json"
+STATUS_FILE = "run_status.json"
+EVENTS_FILE = "events.jsonl"
+TRAINER_FILE = "trainer.json"
+TRACKER_FILE = "tracker_run_id"
+CHECKPOINTS = "checkpoints"
+POSITION_FILE = "position.json"
+
+
+def now() -> str:
+    """The time as the run directory's files record it (UTC, microseconds)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _json_line(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True).encode() + b"\n"
+
+
+class RunDirectory:
+    """One run's directory and the files of the contract. Small files are written atomically
+    (a reader, or a crash, sees the old or the new one whole); events are appended one line
+    at a time and fsynced, stamped and written under one lock so that the training thread and
+    the snapshot worker keep them in time order."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._events = threading.Lock()
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    def create(self) -> None:
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+
+    # -- identity --------------------------------------------------------------------------
+
+    def identity_record(self) -> dict[str, Any] | None:
+        try:
+            doc = json.loads((self.path / IDENTITY_FILE).read_text())
+        except FileNotFoundError:
+            return None
+        return doc if isinstance(doc, dict) else {}
+
+    def write_identity_record(self, doc: Mapping[str, Any]) -> None:
+        atomic_write(self.path / IDENTITY_FILE, json.dumps(doc, indent=2).encode() + b"\n")
+
+    # -- status and events -----------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """``run_status.json`` (mutable control state), or {} when it is missing or torn."""
+        try:
+            data = json.loads((self.path / STATUS_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def write_status(self, doc: Mapping[str, Any]) -> None:
+        atomic_write(self.path / STATUS_FILE, json.dumps(doc, indent=2).encode() + b"\n")
+
+    def append_event(self, kind: str, **fields: Any) -> None:
+        # One write of one line, then fsync: a crash leaves whole lines (at most one torn last
+        # line, which readers skip).
+        with self._events:
+            line = _json_line({"event": kind, "time": now(), **fields})
+            fd = os.open(self.path / EVENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def events_size(self) -> int:
+        try:
+            return (self.path / EVENTS_FILE).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def events(self, offset: int = 0) -> Iterator[dict[str, Any]]:
+        """The events from byte ``offset`` on; a torn or foreign line is skipped."""
+        try:
+            with open(self.path / EVENTS_FILE, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        for line in data.decode(errors="replace").splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                yield doc
+
+    # -- who takes snapshot requests -------------------------------------------------------
+
+    def write_trainer_report(self, doc: Mapping[str, Any]) -> Path:
+        path = self.path / TRAINER_FILE
+        atomic_write(path, _json_line(doc))
+        return path
+
+    # -- the tracker -----------------------------------------------------------------------
+
+    @property
+    def tracker_run_id(self) -> str | None:
+        try:
+            return (self.path / TRACKER_FILE).read_text().strip() or None
+        except OSError:
+            return None
+
+    def set_tracker_run_id(self, value: str) -> None:
+        atomic_write(self.path / TRACKER_FILE, value.encode() + b"\n")
+
+
+# -- ready files -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A trainer process that has reported itself up (its handlers installed)."""
+
+    pid: int
+    run: str | None
+    run_dir: str | None
+
+
+def report_ready(doc: Mapping[str, Any]) -> Path | None:
+    """Write ``$RESTOREPOINT_READY_DIR/PID.json`` when a supervisor gave one; its path."""
+    ready = os.environ.get(READY_ENV)
+    if not ready:
+        return None
+    path = Path(ready) / f"{os.getpid()}.json"
+    atomic_write(path, _json_line(doc))
+    return path
+
+
+def read_ready(ready_dir: Path) -> list[Ready]:
+    """The trainers that reported themselves up in ``ready_dir`` and are still alive."""
+    out: list[Ready] = []
+    for path in sorted(ready_dir.glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+            pid = int(doc["pid"])
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+        if pid_alive(pid):
+            out.append(Ready(pid, doc.get("run"), doc.get("run_dir")))
+    return out
+
+
+# -- asking for a snapshot ---------------------------------------------------------------------
+
+
+def request_snapshot(
+    run_dir: str | os.PathLike[str], *, wait: float = 0.0
+) -> tuple[int, int | None]:
+    """Ask the process that takes this run's snapshot requests (``trainer.json``: the trainer
+    itself, or its supervisor) for a snapshot now, without stopping it; with ``wait``, wait up
+    to that many seconds for the snapshot to be taken. Returns the pid signalled and the step
+    of the snapshot (None without ``wait``). NotFound when no live process took the report:
+    ``trainer.json`` outlives a process killed by SIGKILL or the OOM killer, and its pid may be
+    another process's by now (signalling that one would kill it)."""
+    directory = RunDirectory(run_dir)
+    record = directory.path / TRAINER_FILE
+    try:
+        doc = json.loads(record.read_text())
+        pid = int(doc["pid"])
+        signum = int(doc.get("snapshot_signal", signal.SIGUSR1))
+    except FileNotFoundError:
+        raise NotFound(
+            "no running trainer reported in this run directory", url=str(run_dir)
+        ) from None
+    except (ValueError, KeyError, TypeError):
+        raise UsageError("unreadable trainer.json", url=str(run_dir)) from None
+    before = directory.events_size()
+    if pid <= 0 or started_after(pid, record.stat().st_mtime):
+        raise NotFound(
+            f"the trainer (pid {pid}) is not running: that pid is another process's now",
+            url=str(run_dir),
+        )
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, OverflowError):
+        raise NotFound(f"the trainer (pid {pid}) is not running", url=str(run_dir)) from None
+    except PermissionError:
+        raise NotFound(
+            f"the trainer (pid {pid}) is not running: that pid is another user's process",
+            url=str(run_dir),
+        ) from None
+    if wait <= 0:
+        return pid, None
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        for event in directory.events(before):
+            if event.get("event") == "snapshot":
+                return pid, int(event["step"])
+        time.sleep(0.1)
+    raise UsageError(f"no snapshot within {wait:g} s", url=str(run_dir))

@@ -1,0 +1,789 @@
+"""Resumable training for plain PyTorch loops: the preemption contract (docs/adapters.md).
+
+    with ResumableRun(config, store="s3://bucket/runs/",
+                      operational=["train.checkpoint_every"],
+                      snapshot_every="train.checkpoint_every") as run:
+        run.track(model=model, optimizer=optimizer, scheduler=scheduler)
+        run.resume()                           # restores state and position, or starts fresh
+        for epoch in run.epochs(num_epochs):
+            loader = run.dataloader(data, batch_size=B, accumulate=A)
+            for micro_batches in run.effective_batches(loader, A):
+                ...                                    # forward, backward, optimizer.step()
+                run.commit()                           # one effective batch is done
+
+``ResumableRun`` composes the runtime's parts: the run directory and its contract
+(``contract``), the signal flags (``signals``), the snapshot worker (``worker``), the data order
+(``data``) and the snapshot's state (``state``). It resumes through the one way in
+(``ops.resume``: the strict gate against its local view) and publishes through the one way out
+(``ops.publish``).
+
+- The run id and directory follow from the config identity (operational keys excluded), the seed
+  and an optional name: a resubmitted job finds its own run, never another's.
+- Position is counted in effective (optimizer) batches; each epoch's data order is a shuffle
+  seeded with ``seed + epoch``, and the committed batches of the epoch being resumed are skipped,
+  never replayed.
+- Signals only set a flag; the loop acts at the next effective-batch boundary (``commit``): a
+  snapshot request (SIGUSR1) snapshots and trains on; a stop request (SIGTERM, and
+  ``$SUBMITIT_PREEMPT_SIGNAL`` or SIGUSR2) snapshots and exits with 42, the resumable exit.
+- A snapshot pauses training only while the state is copied to memory; the local save, the pack
+  and the upload run on a background thread. A failed upload is recorded and training goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._posix import atomic_write
+from .._text import printable
+from .._version import __version__
+from ..adapters.base import signal_number
+from ..errors import IncompatibleRestorePoint, NotFound, RestorePointError, UsageError
+from ..format import Position, Trainer, config_identity, diff_configs
+from ..ops import Expectations, check_json_data, latest, load_config
+from ..ops.gate import decide, refuse
+from ..ops.local_view import cache_root_from_env
+from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.resume import choose, read_head_file, resume_import
+from ..trust import Trust, load_signing_key
+from .contract import (
+    EXIT_RESUMABLE,
+    POSITION_FILE,
+    READY_ENV,
+    REFUSED_FILE,
+    RESUME_DIR_ENV,
+    RESUME_HEAD_ENV,
+    SIGNING_KEY_ENV,
+    STORE_ENV,
+    RunDirectory,
+    now,
+    report_ready,
+)
+from .data import EpochSampler, effective_batches
+from .detect import TORCH_TERMS_SOURCE, torch_terms
+from .safe_load import safe_load
+from .signals import SignalFlags, default_stop_signals, ignore_in_worker
+from .state import STATE_FORMAT, rng_state, save_state, set_rng, to_cpu
+from .worker import Snapshot, SnapshotWorker
+
+__all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
+
+log = logging.getLogger("restorepoint.torch")
+
+_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+#: What a refusal says to give, in the runtime's words.
+RUNTIME_HINTS = {
+    "trainer": "give ResumableRun(trainer=...)",
+    "terms": "give ResumableRun(terms=...)",
+    "cache_root": "give ResumableRun(cache_root=...) or RESTOREPOINT_CACHE_ROOT",
+    "cache_keys": "give ResumableRun(cache_keys=...)",
+    "config": "give ResumableRun(config)",
+}
+
+
+def run_id_for(identity: str, seed: int, name: str | None = None) -> str:
+    """The deterministic run id: a readable name and 16 hex digits of (identity, seed)."""
+    digest = hashlib.sha256(f"{identity}:{seed}".encode()).hexdigest()[:16]
+    prefix = _NAME_CHARS.sub("-", name or "run").strip("-.")[:40] or "run"
+    if not prefix[0].isalnum():
+        prefix = "r" + prefix
+    return f"{prefix}-{digest}"
+
+
+def _every(config: Mapping[str, Any], every: int | str | None) -> int | None:
+    """``snapshot_every``: a number of steps, or the dotted config key that holds one."""
+    if isinstance(every, str):
+        node: Any = config
+        for part in every.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        every = node
+    if every is None or every == 0:
+        return None
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise UsageError(f"snapshot_every must be a non-negative integer, not {every!r}")
+    return every
+
+
+def _distributed() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class ResumableRun:
+    """A training run that survives preemption. See the module docstring."""
+
+    # The public constructor: keyword-only options, each documented in docs/adapters.md. They
+    # are grouped into the values the parts take (the local view, PackOptions, the worker)
+    # here, once.
+    def __init__(
+        self,
+        config: Mapping[str, Any] | str | os.PathLike[str],
+        *,
+        root: str | os.PathLike[str] = "runs",
+        name: str | None = None,
+        store: str | None = None,
+        operational: Sequence[str] = (),
+        seed: int | None = None,
+        snapshot_every: int | str | None = None,
+        snapshot_signal: int | str = signal.SIGUSR1,
+        stop_signals: Sequence[int | str] | None = None,
+        max_resubmit_attempts: int | None = None,
+        keep_last: int | None = None,
+        upload_timeout: float = 300.0,
+        background_threads: int = 1,
+        background_nice: int | None = 19,
+        trainer: tuple[str, str] | None = None,
+        terms: Mapping[str, str] | None = None,
+        cache_keys: Mapping[str, str]
+        | Callable[[Mapping[str, Any]], Mapping[str, str]]
+        | None = None,
+        cache_root: str | None = None,
+        level: int | None = 1,
+        auto_resume: bool = True,
+        accept_older: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        trust: Trust | None = None,
+        sign: str | os.PathLike[str] | None = None,
+        safe_globals: Sequence[Callable[..., Any]] = (),
+    ) -> None:
+        if not isinstance(config, Mapping):
+            config = load_config(os.fspath(config))
+        self.config: dict[str, Any] = check_json_data(dict(config))
+        self.operational = sorted(set(operational))
+        self.identity = config_identity(self.config, self.operational)
+        self.seed = int(seed if seed is not None else self.config.get("seed", 0))
+        self.run_id = run_id_for(self.identity, self.seed, name)
+        self.run_dir = Path(run_dir) if run_dir is not None else Path(root) / self.run_id
+        self.directory = RunDirectory(self.run_dir)
+        # A supervisor (restorepoint run) passes its store down; an explicit one wins.
+        store = store if store is not None else os.environ.get(STORE_ENV) or None
+        self.store = store if store is None or store.endswith("/") else store + "/"
+        self.snapshot_every = _every(self.config, snapshot_every)
+        self.flags = SignalFlags(
+            signal_number(snapshot_signal),
+            (signal_number(s) for s in (stop_signals or default_stop_signals())),
+        )
+        self.max_resubmit_attempts = max_resubmit_attempts
+        self.keep_last = keep_last
+        self.upload_timeout = upload_timeout
+        self.auto_resume = auto_resume
+        self.accept_older = accept_older
+        self.trust = trust
+        self.safe_globals = tuple(safe_globals)
+        self._view = self._local_view(trainer, terms, cache_keys, cache_root)
+        sign = sign if sign is not None else os.environ.get(SIGNING_KEY_ENV) or None
+        # One encode thread by default: on a small machine the pack must leave the training
+        # thread a core (measured on 2 cores: benchmarks/bench_torch.py, docs/performance.md).
+        self.options = PackOptions(
+            level=level,
+            threads=max(1, background_threads),
+            sign=(load_signing_key(sign),) if sign is not None else (),
+            storage_options=storage_options,
+        )
+        self.worker = SnapshotWorker(self._save_and_publish, nice=background_nice)
+        self.objects: dict[str, Any] = {}
+        self.step = 0
+        self.epoch = 0
+        self.batch = 0
+        self.resumed_from: Position | None = None
+        self.last_pause_s: float | None = None
+        self.uploads: list[dict[str, Any]] = []
+        self._start_epoch = 0
+        self._status = "running"
+        self._resubmits = 0
+        self._reports: list[Path] = []
+        self._upload_deadline: float | None = None
+        # The error resume() raised, if any: under a supervisor it ends the trainer with its
+        # exit code (3 for a gate refusal) instead of a traceback.
+        self._refused: RestorePointError | None = None
+        self._rank, self._world = _distributed()
+
+    # -- what this run is -----------------------------------------------------------------------
+
+    def _local_view(
+        self,
+        trainer: tuple[str, str] | None,
+        terms: Mapping[str, str] | None,
+        cache_keys: Mapping[str, str] | Callable[[Mapping[str, Any]], Mapping[str, str]] | None,
+        cache_root: str | None,
+    ) -> Expectations:
+        """What this run is: the head of every restore point it packs, and the gate of every
+        one it resumes from (spec section 16.4)."""
+        sources = {
+            "trainer": "ResumableRun(trainer=...)" if trainer else "restorepoint.torch (default)",
+            "terms": TORCH_TERMS_SOURCE + (", ResumableRun(terms=...)" if terms else ""),
+            "config": "ResumableRun(config)",
+            "cache_keys": "ResumableRun(cache_keys=...)",
+            "cache_root": "ResumableRun(cache_root=...)",
+        }
+        if callable(cache_keys):
+            cache_keys = cache_keys(self.config)
+            sources["cache_keys"] += ", computed"
+        if cache_root is None:
+            cache_root = cache_root_from_env()
+            sources["cache_root"] = (
+                "RESTOREPOINT_CACHE_ROOT" if cache_root else "ResumableRun(cache_root=None)"
+            )
+        return Expectations(
+            trainer=Trainer(*(trainer or ("restorepoint.torch", __version__))),
+            terms={**torch_terms(), **dict(terms or {})},
+            cache_keys={str(k): str(v) for k, v in dict(cache_keys or {}).items()},
+            cache_root=cache_root,
+            config=self.config,
+            sources=sources,
+        )
+
+    def local_view(self) -> Expectations:
+        """What this run expects of a restore point it resumes from: its trainer, the terms
+        detected here (and those given), its cache root and cache keys, and its config (by
+        identity), each with where it came from."""
+        return self._view
+
+    @property
+    def trainer(self) -> tuple[str, str]:
+        trainer = self._view.trainer
+        assert isinstance(trainer, Trainer)
+        return trainer.name, trainer.version
+
+    @property
+    def terms(self) -> dict[str, str]:
+        assert isinstance(self._view.terms, Mapping)
+        return dict(self._view.terms)
+
+    def _head(self, position: Position) -> HeadSpec:
+        return HeadSpec.from_view(
+            self._view, position, operational_keys=self.operational, run=self.run_id
+        )
+
+    @property
+    def snapshot_signal(self) -> int:
+        return self.flags.snapshot_signal
+
+    @property
+    def stop_signals(self) -> tuple[int, ...]:
+        return self.flags.stop_signals
+
+    @property
+    def is_main(self) -> bool:
+        return self._rank == 0
+
+    @property
+    def position(self) -> Position:
+        return Position(self.step, self.epoch, self.batch)
+
+    def _barrier(self) -> None:
+        # Without a process group a barrier is a no-op, so one process runs the same loop.
+        if self._world > 1:
+            torch.distributed.barrier()
+
+    # -- context -----------------------------------------------------------------------------
+
+    def __enter__(self) -> ResumableRun:
+        self.directory.create()
+        self._attach_identity()
+        self._resubmits = int(self.directory.status().get("resubmit_count", 0))
+        self._write_status("running")
+        self.flags.install()
+        self.worker.start()
+        self._report_up()
+        return self
+
+    def _report_up(self) -> None:
+        """Handlers are installed: say so, to ``restorepoint snapshot`` (trainer.json in the run
+        directory) and to a supervisor ($RESTOREPOINT_READY_DIR/PID.json). A signal sent before
+        this would have found the default action, which for SIGUSR1 is to die."""
+        doc = {
+            "pid": os.getpid(),
+            "rank": self._rank,
+            "run": self.run_id,
+            "run_dir": str(self.run_dir.resolve()),
+            "snapshot_signal": self.flags.snapshot_signal,
+        }
+        if self.is_main:
+            self._reports.append(self.directory.write_trainer_report(doc))
+        with contextlib.suppress(OSError):
+            ready = report_ready(doc)
+            if ready is not None:
+                self._reports.append(ready)
+
+    def _report_down(self) -> None:
+        for path in self._reports:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        self._reports.clear()
+
+    def _report_refusal(self, exc: RestorePointError) -> None:
+        """One line and the mismatches on stderr, as the CLI prints them; the refused fields
+        (names only) for the supervisor's telemetry."""
+        lines = [f"restorepoint: error: {printable(str(exc))}"]
+        lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        fields = [m["field"] for m in getattr(exc, "mismatches", ())]
+        ready = os.environ.get(READY_ENV)
+        if ready and self.is_main:
+            doc = {"class": type(exc).__name__, "fields": fields, "pid": os.getpid()}
+            with contextlib.suppress(OSError):
+                atomic_write(Path(ready) / REFUSED_FILE, json_line(doc))
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._report_down()
+        try:
+            self._finish_uploads()
+        finally:
+            self.flags.restore()
+        if exc is not None and exc is self._refused and os.environ.get(READY_ENV):
+            self._write_status("failed", error=f"{type(exc).__name__}: {exc}")
+            self._report_refusal(self._refused)
+            raise SystemExit(self._refused.exit_code) from None
+        if exc_type is None:
+            self._write_status("completed")
+        elif isinstance(exc, SystemExit) and exc.code == EXIT_RESUMABLE:
+            pass  # status "preempted" was written before the exit
+        elif isinstance(exc, SystemExit) and exc.code == 1 and self._status == "failed":
+            pass
+        else:
+            self._write_status("failed", error=f"{exc_type.__name__}: {exc}")
+
+    # -- identity of the run directory ------------------------------------------------------
+
+    def _attach_identity(self) -> None:
+        """Refuse a run directory that belongs to another config; adopt an older one (a
+        checkpoint but no identity record) whose saved config hashes to the same identity."""
+        saved = self.directory.identity_record()
+        if saved is not None:
+            if saved.get("config_identity") != self.identity:
+                self._refuse(saved.get("config") or {}, saved.get("config_identity"))
+            return
+        last = self.directory.checkpoints / "last.pt"
+        if last.exists():
+            state = safe_load(last, extra_globals=self.safe_globals)
+            old = state.get("config") if isinstance(state, dict) else None
+            if not isinstance(old, dict) or config_identity(old, self.operational) != self.identity:
+                self._refuse(old if isinstance(old, dict) else {}, None)
+            self._event("adopted", step=int(state.get("position", {}).get("step", 0)))
+        if self.is_main:
+            self.directory.write_identity_record(
+                {
+                    "config": self.config,
+                    "config_identity": self.identity,
+                    "operational_keys": self.operational,
+                    "run": self.run_id,
+                    "seed": self.seed,
+                }
+            )
+
+    def _refuse(self, other: Mapping[str, Any], other_identity: str | None) -> None:
+        diffs = diff_configs(self.config, other, self.operational)
+        details = [d.describe() for d in diffs] or [
+            f"config_identity: expected {self.identity}, found {other_identity}"
+        ]
+        raise IncompatibleRestorePoint(
+            f"refusing to attach: {self.run_dir} holds a run of another config "
+            f"({len(details)} difference(s))",
+            url=str(self.run_dir),
+            mismatches=[{"field": f"config.{d.path}"} for d in diffs],
+            details=details,
+        )
+
+    # -- status and events -------------------------------------------------------------------
+
+    def _write_status(self, status: str, **extra: Any) -> None:
+        self._status = status
+        if not self.is_main:
+            return
+        self.directory.write_status(
+            {
+                "last_signal": self.flags.last_signal,
+                "max_resubmit_attempts": self.max_resubmit_attempts,
+                "resubmit_count": self._resubmits,
+                "run": self.run_id,
+                "status": status,
+                "step": self.step,
+                "updated": now(),
+                **extra,
+            }
+        )
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        if self.is_main:
+            self.directory.append_event(kind, **fields)
+
+    @property
+    def tracker_run_id(self) -> str | None:
+        """A tracker's run id (W&B, MLflow) kept beside the run, best effort."""
+        return self.directory.tracker_run_id
+
+    @tracker_run_id.setter
+    def tracker_run_id(self, value: str) -> None:
+        with contextlib.suppress(OSError):
+            self.directory.set_tracker_run_id(value)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def request_snapshot(self) -> None:
+        """Ask for a snapshot at the next effective-batch boundary (what SIGUSR1 does)."""
+        self.flags.snapshot = True
+
+    def request_stop(self) -> None:
+        """Ask to snapshot and exit 42 at the next boundary (what SIGTERM does)."""
+        self.flags.stop = True
+
+    # -- tracking and resuming ---------------------------------------------------------------
+
+    def track(self, **objects: Any) -> None:
+        """Objects whose state goes into every snapshot: anything with state_dict() and
+        load_state_dict() (model, optimizer, scheduler, AMP grad scaler, ...)."""
+        for name, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise UsageError(f"{name} has no state_dict/load_state_dict")
+            self.objects[name] = obj
+
+    def _rank_file(self) -> str:
+        return "last.pt" if self._world == 1 else f"last.rank{self._rank}.pt"
+
+    def resume(self) -> Position:
+        """Restore the newest matching snapshot (the run directory's, or the store's newest
+        restore point of this run, whichever is further on), or start fresh. Returns the
+        position training resumes at.
+
+        Every restore point resumed from passes the strict gate against this run's local view
+        first (``local_view``: trainer, terms, cache root, cache keys, config), under the trust
+        policy (``trust=``, else ``$RESTOREPOINT_TRUST``); a refusal raises
+        IncompatibleRestorePoint, never a silent fresh start, and the newest restore point of
+        the run being refused is not silently replaced by an older one (``accept_older``).
+        Every checkpoint file is loaded weights-only: one that would run code is refused
+        (UnsafeCheckpoint) before anything of it is built. Under ``restorepoint run`` a
+        refusal ends the trainer with its exit code (3, or 1), which is not requeued."""
+        if not self.auto_resume:
+            return self.position
+        try:
+            path, source = self._newest_snapshot()
+            if path is None:
+                if self.is_main:
+                    log.info("no checkpoint of run %s: starting fresh", self.run_id)
+                return self.position
+            state = safe_load(path, extra_globals=self.safe_globals)
+        except RestorePointError as exc:
+            self._refused = exc
+            # Outside a supervisor the error reaches the user as a traceback: its mismatches,
+            # one a line, come with it (Python 3.11 prints an exception's notes).
+            for detail in getattr(exc, "details", ()):
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"  {printable(detail)}")
+            raise
+        if (
+            not isinstance(state, dict)
+            or state.get("format") != STATE_FORMAT
+            or state.get("identity") != self.identity
+        ):
+            raise IncompatibleRestorePoint(
+                f"refusing to resume from {path}: it is not a snapshot of this run",
+                url=str(path),
+            )
+        for name, obj in self.objects.items():
+            if name not in state["objects"]:
+                raise UsageError(f"the snapshot holds no state for {name!r}")
+            obj.load_state_dict(state["objects"][name])
+        set_rng(state["rng"])
+        pos = state["position"]
+        self.step, self.epoch, self.batch = pos["step"], pos["epoch"], pos["batch"]
+        self._start_epoch = self.epoch
+        self.resumed_from = self.position
+        self._event("resumed", step=self.step, epoch=self.epoch, batch=self.batch, source=source)
+        if self.is_main:
+            print(
+                f"restorepoint: resumed from checkpoint: global step {self.step}, start epoch "
+                f"{self.epoch}, resume batch index {self.batch}, data order: shuffle seeded "
+                f"with seed + epoch ({self.seed} + {self.epoch})",
+                file=sys.stderr,
+            )
+        return self.position
+
+    def _gate_handed(self, handed: Path) -> None:
+        """A supervisor's import, gated here: the supervisor compared what it knows; this run
+        knows the rest (its trainer, config, cache keys) and compares everything again."""
+        head_file = os.environ.get(RESUME_HEAD_ENV) or str(handed) + ".head.json"
+        head = read_head_file(head_file)
+        result = decide(str(handed), head, [self._view], strict=True, hints=RUNTIME_HINTS)
+        if not result.compatible:
+            raise refuse(result)
+
+    def _newest_snapshot(self) -> tuple[Path | None, str]:
+        handed = os.environ.get(RESUME_DIR_ENV)
+        if handed and (Path(handed) / self._rank_file()).exists():
+            # A supervisor imported a restore point for us (restorepoint run --resume-from).
+            self._gate_handed(Path(handed))
+            return Path(handed) / self._rank_file(), "supervisor import"
+        local = self.directory.checkpoints / self._rank_file()
+        local_step = -1
+        if local.exists():
+            try:
+                sidecar = json.loads((local.parent / POSITION_FILE).read_text())
+                local_step = int(sidecar["step"])
+            except (OSError, ValueError, KeyError, TypeError):
+                state = safe_load(local, extra_globals=self.safe_globals)
+                local_step = int(state["position"]["step"]) if isinstance(state, dict) else -1
+        if self.store is not None:
+            storage = self.options.storage_options
+            try:
+                newest = latest(self.store, run=self.run_id, storage_options=storage)
+            except NotFound:
+                newest = None
+            entry = None
+            if newest is not None and newest.step > local_step:
+                entry = choose(
+                    self.store,
+                    run=self.run_id,
+                    views=[self._view],
+                    accept_older=self.accept_older,
+                    trust=self.trust,
+                    storage_options=storage,
+                    hints=RUNTIME_HINTS,
+                )
+            if entry is not None and entry.step > local_step:
+                # Named after the restore point itself: another object of the same step (a
+                # step packed again) is another import, gated on its own.
+                name = entry.name.rsplit("/", 1)[-1].removesuffix(".rp")
+                dest = self.run_dir / "imports" / name
+                if not dest.exists():
+                    try:
+                        resume_import(
+                            entry.url,
+                            dest,
+                            views=[self._view],
+                            trust=self.trust,
+                            storage_options=storage,
+                            hints=RUNTIME_HINTS,
+                        )
+                    except RestorePointError:
+                        # Ranks sharing the run directory import at once; the import is
+                        # renamed into place whole, so one that is there is the winner's.
+                        if not dest.exists():
+                            raise
+                return dest / self._rank_file(), "store"
+        return (local, "run directory") if local_step >= 0 else (None, "")
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def epochs(self, total: int) -> Iterator[int]:
+        """The epochs still to train, from the resumed one on."""
+        for epoch in range(self._start_epoch, total):
+            if epoch != self.epoch:
+                self.epoch, self.batch = epoch, 0
+            yield epoch
+        self.epoch, self.batch = total, 0
+
+    def sampler(
+        self, length: int, batch_size: int, accumulate: int = 1, shuffle: bool = True
+    ) -> EpochSampler:
+        """The current epoch's sampler: the order of ``seed + epoch``, without the samples of
+        the effective batches already committed in this epoch."""
+        skip = self.batch * batch_size * accumulate
+        return EpochSampler(length, self.seed, self.epoch, skip=skip, shuffle=shuffle)
+
+    def generator(self) -> torch.Generator:
+        """A generator for the current epoch (seeded with ``seed + epoch``). Give it to the
+        DataLoader: otherwise the loader draws its workers' base seed from the global RNG when
+        its iterator starts, and a resumed epoch, which starts its iterator later in the RNG's
+        stream, would see other dropout masks and augmentations from then on."""
+        return torch.Generator().manual_seed(self.seed + self.epoch)
+
+    def dataloader(
+        self,
+        dataset: Any,
+        batch_size: int,
+        accumulate: int = 1,
+        shuffle: bool = True,
+        **kwargs: Any,
+    ) -> torch.utils.data.DataLoader[Any]:
+        """A DataLoader for the current epoch: ``sampler`` (the epoch's order, committed
+        batches skipped) and ``generator`` (the epoch's, so the global RNG is not touched).
+        Other keyword arguments (num_workers, collate_fn, ...) go to the DataLoader; with
+        workers, they ignore the run's signals (``signals.ignore_in_worker``)."""
+        if kwargs.get("num_workers"):
+            kwargs["worker_init_fn"] = functools.partial(
+                ignore_in_worker, self.flags.signals, kwargs.get("worker_init_fn")
+            )
+        return torch.utils.data.DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=self.sampler(len(dataset), batch_size, accumulate, shuffle),
+            generator=self.generator(),
+            **kwargs,
+        )
+
+    effective_batches = staticmethod(effective_batches)
+
+    def commit(self) -> None:
+        """One effective batch is done: count it, snapshot when due, and act on signals (a
+        stop request snapshots, waits for the upload within ``upload_timeout``, and exits 42)."""
+        self.step += 1
+        self.batch += 1
+        snapshot, stop = self._agree()
+        due = self.snapshot_every is not None and self.step % self.snapshot_every == 0
+        if stop:
+            self._stop()
+        if snapshot or due:
+            received: list[int] = []
+            if snapshot:
+                # Taken before the copy: a request that arrives during this snapshot gets one of
+                # its own at the next boundary, and each signal is chained exactly once.
+                self.flags.snapshot = False
+                received = self.flags.take({self.flags.snapshot_signal})
+            self.snapshot()
+            self.flags.chain(received)
+
+    def _agree(self) -> tuple[bool, bool]:
+        """Every rank acts on a signal at the same step: the flags are or-ed across ranks."""
+        snapshot, stop = self.flags.snapshot, self.flags.stop
+        if self._world > 1:
+            t = torch.tensor([int(snapshot), int(stop)], dtype=torch.int64)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            snapshot, stop = bool(t[0]), bool(t[1])
+        return snapshot, stop
+
+    def snapshot(self, wait: bool = False) -> float:
+        """Copy the state to memory (the only pause), hand it to the background thread, and
+        return the pause in seconds. With ``wait``, also wait for it to be saved and uploaded."""
+        started = time.perf_counter()
+        state = {
+            "config": self.config,
+            "format": STATE_FORMAT,
+            "identity": self.identity,
+            "objects": {name: to_cpu(obj.state_dict()) for name, obj in self.objects.items()},
+            "operational_keys": self.operational,
+            "position": self.position.to_dict(),
+            "rank": self._rank,
+            "rng": to_cpu(rng_state()),
+            "run": self.run_id,
+            "world_size": self._world,
+        }
+        snap = Snapshot(state, self.position)
+        if self._world > 1:
+            # Collectives stay on the main thread: every rank saves its own file, then rank 0
+            # publishes one restore point holding them all. No rank replaces its file while
+            # rank 0 still packs the previous snapshot: that pack would publish another step's
+            # state under this step's name, or files of two steps in one restore point.
+            if self.is_main:
+                self.wait()
+            self._barrier()
+            self._save(snap)
+            self._barrier()
+            if self.is_main:
+                self.worker.submit(snap)
+        else:
+            self.worker.submit(snap)
+        # With a process group the pause includes the save; alone, only the copy.
+        pause = time.perf_counter() - started
+        self.last_pause_s = pause
+        if wait:
+            self.wait()
+        self._event("snapshot", step=self.step, pause_s=round(pause, 6))
+        return pause
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the snapshots handed over are saved and uploaded; False on timeout."""
+        return self.worker.wait(timeout)
+
+    def _stop(self) -> None:
+        signals = self.flags.take(self.flags.stop_signals)
+        limit = self.max_resubmit_attempts
+        self.worker.unthrottle()
+        self.snapshot()
+        # One upload_timeout for the whole stop: __exit__ waits only for what is left of it.
+        self._upload_deadline = time.monotonic() + self.upload_timeout
+        finished = self.wait(self.upload_timeout)
+        self._resubmits += 1
+        over = limit is not None and self._resubmits > limit
+        self._event(
+            "graceful_shutdown",
+            signal=self.flags.last_signal,
+            step=self.step,
+            upload_finished=finished,
+            resubmit_count=self._resubmits,
+        )
+        if over:
+            self._write_status("failed", error=f"resubmit limit {limit} reached")
+        else:
+            self._write_status("preempted")
+        self.flags.chain(signals)
+        self._barrier()
+        raise SystemExit(1 if over else EXIT_RESUMABLE)
+
+    # -- background: save, pack, upload --------------------------------------------------------
+
+    def _save_and_publish(self, snap: Snapshot) -> None:
+        """The worker's job for one snapshot; a failed snapshot must never stop training."""
+        try:
+            if self._world == 1:
+                self._save(snap)
+            if self.store is not None and self.is_main:
+                self._publish(snap)
+        except Exception as exc:
+            log.warning("snapshot at step %d failed: %s", snap.position.step, exc)
+            self._event("snapshot_failed", step=snap.position.step, error=str(exc))
+
+    def _save(self, snap: Snapshot) -> None:
+        """A kill at any moment leaves the previous last.pt or the new one, never a torn one."""
+        target = self.directory.checkpoints / self._rank_file()
+        save_state(snap.state, target, self.run_dir)
+        if self.is_main:
+            # A small sidecar, so choosing where to resume from needs no load of the state.
+            atomic_write(target.parent / POSITION_FILE, json_line(snap.state["position"]))
+
+    def _publish(self, snap: Snapshot) -> None:
+        started = time.perf_counter()
+        step = snap.position.step
+        try:
+            result = publish(
+                self.directory.checkpoints,
+                self.store or "",
+                self._head(snap.position),
+                self.options,
+                keep_last=self.keep_last,
+            )
+        except RestorePointError as exc:
+            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
+            self._event(
+                "upload_failed", step=step, error_class=type(exc).__name__, error=exc.message
+            )
+            return
+        seconds = time.perf_counter() - started
+        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
+        self._event("uploaded", step=step, seconds=round(seconds, 6), bytes=result.pack.size)
+        if result.prune_error is not None:
+            self._event(
+                "prune_failed",
+                step=step,
+                error_class=type(result.prune_error).__name__,
+                error=result.prune_error.message,
+            )
+
+    def _finish_uploads(self) -> None:
+        timeout = self.upload_timeout
+        if self._upload_deadline is not None:
+            timeout = max(0.0, self._upload_deadline - time.monotonic())
+        if not self.wait(timeout):
+            log.warning("an upload was still running after %.0f s; leaving it", self.upload_timeout)
+            self._event("upload_abandoned", step=self.step)
+            return
+        self.worker.finish(0)
+
+
+def json_line(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc).encode() + b"\n"

@@ -1,0 +1,224 @@
+"""No pickle from a restore point runs code, on every resume path (spec section 24): a
+restore point whose checkpoint was made with ``torch.save({"objects": RunsCode()})`` is
+refused with UnsafeCheckpoint by the runtime's store resume, a supervisor's import, ``import
+--exec`` and Lightning's resume, and the command it carries never runs (its marker file is
+never created); training never starts. A trust policy refuses unsigned restore points on the
+same paths, and a legitimate resume still works."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from clirun import cli
+from crafted import (
+    CONFIG,
+    RUN,
+    RunsCode,
+    clean_env,
+    evil_snapshot,
+    pack_demo,
+    preempted_checkpoint,
+    trainer_command,
+)
+
+import restorepoint
+from restorepoint import UnsafeCheckpoint
+from restorepoint.runtime.safe_load import check_loadable, safe_load
+
+
+@pytest.fixture(scope="module")
+def legit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real snapshot of the demo trainer at step 5."""
+    return preempted_checkpoint(tmp_path_factory.mktemp("legit"))
+
+
+def test_safe_load_refuses_a_code_running_pickle_and_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.pt"
+    torch.save({"objects": RunsCode(marker)}, path)
+    with pytest.raises(UnsafeCheckpoint) as info:
+        safe_load(path)
+    assert "posix.system" in str(info.value)
+    assert info.value.exit_code == 1
+    with pytest.raises(UnsafeCheckpoint):
+        check_loadable(path)
+    assert not marker.exists()
+
+
+def test_safe_load_takes_what_the_runtime_saves(tmp_path: Path) -> None:
+    """The allowlist: tensors, plain data, and numpy's RNG state; nothing else is needed."""
+    state = {
+        "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+        "numpy": np.random.get_state(),
+        "position": {"step": 1, "epoch": 0, "batch": 1},
+        "objects": {"model": torch.nn.Linear(2, 2).state_dict()},
+    }
+    path = tmp_path / "ok.pt"
+    torch.save(state, path)
+    loaded = safe_load(path)
+    np.random.set_state(loaded["numpy"])
+    random.setstate(loaded["rng"]["python"])
+    assert loaded["position"] == state["position"]
+
+
+def test_an_object_array_is_not_on_the_allowlist(tmp_path: Path) -> None:
+    path = tmp_path / "objects.pt"
+    torch.save({"a": np.array([1, "x"], dtype=object)}, path)
+    with pytest.raises(UnsafeCheckpoint):
+        safe_load(path)
+
+
+def test_garbage_is_an_integrity_error_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.pt"
+    path.write_bytes(b"not a checkpoint at all" * 10)
+    with pytest.raises(restorepoint.IntegrityError):
+        safe_load(path)
+    buffer = io.BytesIO()
+    torch.save({"x": 1}, buffer)
+    path.write_bytes(buffer.getvalue()[:40])
+    with pytest.raises(restorepoint.IntegrityError):
+        safe_load(path)
+
+
+# -- every resume path ----------------------------------------------------------------------
+
+
+def evil_store(tmp_path: Path, marker: Path) -> tuple[str, str]:
+    """A store whose only restore point of the demo run holds a code-running last.pt, packed
+    with the demo trainer's own trainer, terms, config and run: only the pickle is hostile."""
+    store = f"{tmp_path / 'store'}/"
+    result = pack_demo(evil_snapshot(tmp_path / "evil", marker), store)
+    return store, result.url
+
+
+def test_the_runtime_store_resume_refuses_it(tmp_path: Path) -> None:
+    marker, started = tmp_path / "ran", tmp_path / "started"
+    store, _ = evil_store(tmp_path, marker)
+    proc = subprocess.run(
+        trainer_command(tmp_path / "runs", tmp_path / "out.pt", "--store", store,
+                        "--marker", str(started), "--quiet"),
+        capture_output=True, text=True, timeout=120, env=clean_env(), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "UnsafeCheckpoint" in proc.stderr
+    assert "posix.system" in proc.stderr
+    assert not marker.exists()
+    assert not started.exists()
+
+
+def test_a_supervisors_import_is_refused_before_training(tmp_path: Path) -> None:
+    marker, started = tmp_path / "ran", tmp_path / "started"
+    _, url = evil_store(tmp_path, marker)
+    proc = cli(
+        "run", "--store", f"{tmp_path / 'other'}/", "--resume-from", url, "--",
+        *trainer_command(tmp_path / "runs", tmp_path / "out.pt", "--marker", str(started)),
+        env=clean_env(),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    refused = [line for line in proc.stderr.splitlines() if line.startswith("restorepoint: error")]
+    assert len(refused) == 1 and "refused to load: it asks for posix.system" in refused[0]
+    assert not marker.exists()
+    assert not started.exists()
+
+
+def test_import_exec_refuses_it_before_training(tmp_path: Path) -> None:
+    marker, started = tmp_path / "ran", tmp_path / "started"
+    _, url = evil_store(tmp_path, marker)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    runs = tmp_path / "runs"
+    # Unpacked as the run directory's checkpoints/, the trainer resumes by itself from there.
+    proc = cli(
+        "import", url, str(runs / RUN / "checkpoints"), "--adapter", "torch", "--exec",
+        "--trainer", "restorepoint-demo-mlp=1", "--config", str(config), "--",
+        *trainer_command(runs, tmp_path / "out.pt", "--marker", str(started)),
+        env=clean_env(),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "UnsafeCheckpoint" in proc.stderr
+    assert not marker.exists()
+    assert not started.exists()
+
+
+def test_lightning_resume_refuses_it_from_the_store_and_from_last_ckpt(tmp_path: Path) -> None:
+    from restorepoint.adapters.lightning import LAST, _trainer_info, resume_checkpoint
+
+    marker = tmp_path / "ran"
+    source = tmp_path / "evil"
+    source.mkdir()
+    torch.save({"state_dict": {}, "callbacks": RunsCode(marker)}, source / LAST)
+    info = _trainer_info()
+    store = f"{tmp_path / 'store'}/"
+    restorepoint.pack(
+        source, store, position=4, trainer=(info.name, info.version), terms=dict(info.terms),
+        run="lit-run",
+    )  # fmt: skip
+    ckpts = tmp_path / "ckpts"
+    with pytest.raises(UnsafeCheckpoint):
+        resume_checkpoint(ckpts, store=store, run="lit-run")
+    assert not marker.exists()
+    assert not (ckpts / LAST).exists()  # never given the name a requeued job resumes from
+    ckpts.mkdir(exist_ok=True)
+    (ckpts / LAST).write_bytes((source / LAST).read_bytes())
+    with pytest.raises(UnsafeCheckpoint):
+        resume_checkpoint(ckpts)
+    assert not marker.exists()
+
+
+# -- the trust policy -----------------------------------------------------------------------
+
+
+def test_a_fleet_trust_policy_refuses_unsigned_restore_points_on_resume(
+    tmp_path: Path, legit: Path
+) -> None:
+    assert cli("keygen", str(tmp_path / "signer")).returncode == 0
+    unsigned, signed = f"{tmp_path / 'unsigned'}/", f"{tmp_path / 'signed'}/"
+    step = json.loads((legit / "position.json").read_text())["step"]
+    at = restorepoint.Position(step, 0, step)
+    pack_demo(legit, unsigned, position=at)
+    key = restorepoint.trust.load_signing_key(tmp_path / "signer")
+    pack_demo(legit, signed, position=at, sign=[key])
+    fleet = clean_env(RESTOREPOINT_TRUST=str(tmp_path / "signer.pub"))
+
+    def resume(store: str, tag: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            trainer_command(tmp_path / f"runs-{tag}", tmp_path / f"out-{tag}.pt", "--store",
+                            store, "--marker", str(tmp_path / f"started-{tag}"), "--quiet",
+                            "--epochs", "1"),
+            capture_output=True, text=True, timeout=120, env=fleet, check=False,
+        )  # fmt: skip
+
+    refused = resume(unsigned, "unsigned")
+    assert refused.returncode == 1
+    assert "SignatureError" in refused.stderr
+    assert not (tmp_path / "started-unsigned").exists()
+    done = resume(signed, "signed")
+    assert done.returncode == 0, done.stderr
+    assert f"resumed from checkpoint: global step {step}" in done.stderr
+    assert (tmp_path / "started-signed").read_text() == f"training from step {step}\n"
+
+
+def test_run_trust_options_refuse_an_unsigned_resume(tmp_path: Path, legit: Path) -> None:
+    assert cli("keygen", str(tmp_path / "signer")).returncode == 0
+    step = json.loads((legit / "position.json").read_text())["step"]
+    at = restorepoint.Position(step, 0, step)
+    result = pack_demo(legit, f"{tmp_path / 'store'}/", position=at)
+    started = tmp_path / "started"
+    proc = cli(
+        "run", "--store", f"{tmp_path / 'out'}/", "--resume-from", result.url,
+        "--trust", str(tmp_path / "signer.pub"), "--require-signature", "--",
+        *trainer_command(tmp_path / "runs", tmp_path / "out.pt", "--marker", str(started)),
+        env=clean_env(),
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "SignatureError" not in proc.stderr or "Traceback" not in proc.stderr
+    assert "signature" in proc.stderr.splitlines()[-1]
+    assert not started.exists()

@@ -4,11 +4,19 @@ process is alive, and when it started. Every module that needs one of these call
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import threading
 from pathlib import Path
 
-__all__ = ["atomic_write", "fsync_dir", "pid_alive", "started_after"]
+__all__ = [
+    "Disposition",
+    "atomic_write",
+    "fsync_dir",
+    "pid_alive",
+    "signal_disposition",
+    "started_after",
+]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -76,3 +84,37 @@ def started_after(pid: int, moment: float, slack: float = 60.0) -> bool:
     except (OSError, StopIteration, ValueError, IndexError):
         return False
     return started > moment + slack
+
+
+class Disposition(enum.Enum):
+    """What a process does with a signal, as /proc/PID/status says."""
+
+    GONE = "gone"
+    DEFAULT = "default"
+    IGNORED = "ignored"
+    CAUGHT = "caught"
+    #: no /proc to tell
+    UNKNOWN = "unknown"
+
+
+def signal_disposition(pid: int, signum: int) -> Disposition:
+    """What process ``pid`` does with ``signum``: a signal it does not catch kills it (SIGUSR1
+    and SIGUSR2 by default), so a snapshot request is sent only to a process that catches it."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return Disposition.GONE if Path("/proc/self/status").exists() else Disposition.UNKNOWN
+    except OSError:
+        return Disposition.UNKNOWN
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    if fields.get("State", "").strip().startswith(("Z", "X")):
+        return Disposition.GONE
+    bit = 1 << (signum - 1)
+    try:
+        caught = int(fields["SigCgt"].strip(), 16)
+        ignored = int(fields["SigIgn"].strip(), 16)
+    except (KeyError, ValueError):
+        return Disposition.UNKNOWN
+    if caught & bit:
+        return Disposition.CAUGHT
+    return Disposition.IGNORED if ignored & bit else Disposition.DEFAULT

@@ -11,7 +11,10 @@ import typer
 
 from ..adapters.base import Adapter
 from ..errors import UsageError
+from ..format import Position
+from ..ops import load_config
 from ..ops.gate import FIELDS, Expectations
+from ..ops.publish import HeadSpec
 from ..preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry
 from ..preempt.supervisor import publishes_itself
 from ..preempt.watchers import AWS_ENDPOINT, GCP_ENDPOINT, Watcher
@@ -28,6 +31,7 @@ from ._expect import (
     TrainerOpt,
     build_views,
     chosen_adapter,
+    command_line_view,
 )
 from ._trust import RequireOpt, TrustOpt, build_trust
 
@@ -60,6 +64,25 @@ def run_command(
     workdir: Annotated[
         Path | None, typer.Option(help="The trainer's output directory (external adapters).")
     ] = None,
+    every: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="External trainers: a snapshot every N steps (default: the config's interval).",
+        ),
+    ] = None,
+    operational: Annotated[
+        list[str] | None,
+        typer.Option(help="Dotted config key left out of the identity (repeatable)."),
+    ] = None,
+    keep_last: Annotated[
+        int,
+        typer.Option(min=1, help="External trainers: keep the run's N newest restore points."),
+    ] = 1,
+    keep_local: Annotated[
+        int,
+        typer.Option(min=0, help="External trainers: keep N local checkpoints (0: all)."),
+    ] = 1,
     config: ConfigOpt = None,
     data: DataOpt = None,
     cache_root: CacheRootOpt = None,
@@ -105,22 +128,36 @@ def run_command(
         else:
             raise UsageError(f"--watch must be aws, gcp or none, not {watch!r}")
         chosen = chosen_adapter(adapter, adapter_option)
+        command = list(trainer)
+        head = None
+        run = run_id
+        if chosen is not None and not publishes_itself(chosen):
+            if workdir is None:
+                raise UsageError(
+                    f"the {chosen.name} adapter leaves publishing to the supervisor, which "
+                    "needs the trainer's output directory: give --workdir"
+                )
+            command, head = _external_run(
+                chosen, command, config, data, cache_root, trainer_name, term, key,
+                operational or [], every, run_id,
+            )  # fmt: skip
+            run = head.run
         views: list[Expectations] = []
         defer: frozenset[str] = frozenset()
         if resume_from or auto_resume:
             views, defer = _resume_views(
-                chosen, trainer, expect, trainer_name, term, key, cache_root, config, data
+                chosen, command, expect, trainer_name, term, key, cache_root, config, data
             )
         if no_gate:
             warn("--no-gate --force: the resume is not gated (forensics only)")
         supervisor = Supervisor(
-            command=trainer,
+            command=command,
             store=store,
             adapter=chosen,
             watcher=watcher,
             resume_from=resume_from,
             auto_resume=auto_resume,
-            run=run_id,
+            run=run,
             workdir=workdir,
             telemetry=Telemetry(telemetry),
             margin_s=margin,
@@ -130,10 +167,52 @@ def run_command(
             accept_older=accept_older,
             trust=build_trust(trusted, require_signature),
             signing_key=str(sign) if sign is not None else None,
+            head=head,
+            keep_last=keep_last,
+            keep_local=keep_local or None,
         )
         raise typer.Exit(supervisor.run_trainer())
 
     run(False, body)
+
+
+def _external_run(
+    adapter: Adapter,
+    command: list[str],
+    config: Path | None,
+    data: Path | None,
+    cache_root: str | None,
+    trainer: str | None,
+    term: list[str] | None,
+    key: list[str] | None,
+    operational: list[str],
+    every: int | None,
+    run_id: str | None,
+) -> tuple[list[str], HeadSpec]:
+    """An external trainer's command with its snapshot-steps flag, and the identity of every
+    restore point the loop publishes: this machine's local view (the binary's version, its
+    terms, the cache keys of the config and of the data the command names, the cache root),
+    the options on top."""
+    from ..adapters.external import ExternalAdapter
+
+    if not isinstance(adapter, ExternalAdapter):
+        raise UsageError(f"the {adapter.name} adapter does not run external trainers")
+    config_data = load_config(config) if config is not None else None
+    interval = every
+    if interval is None:
+        interval = adapter.checkpoint_every(config_data) if config_data is not None else 0
+    command = adapter.add_snapshot_steps(command, interval)
+    view = adapter.local_view(config=config_data, data=data, cache_root=cache_root, command=command)
+    view = view.merged(command_line_view(trainer, term, key, cache_root, None, None))
+    head = HeadSpec.from_view(
+        view,
+        Position(0),
+        operational_keys=[*adapter.operational_keys, *operational],
+        run=run_id,
+    )
+    if head.run is None:
+        raise UsageError("an external trainer's restore points need a run: give --run or --config")
+    return command, head
 
 
 def _resume_views(
@@ -174,7 +253,14 @@ def _resume_views(
 
 
 def snapshot_command(
-    run_dir: Annotated[Path, typer.Argument(help="The run directory of a running trainer.")],
+    run_dir: Annotated[
+        Path | None,
+        typer.Argument(help="The run directory (or an external trainer's --workdir)."),
+    ] = None,
+    pid: Annotated[
+        int | None,
+        typer.Option(help="Ask this process instead (a supervisor, or a ResumableRun)."),
+    ] = None,
     wait: Annotated[
         float, typer.Option(help="Wait up to this many seconds for the snapshot (0: do not).")
     ] = 0.0,
@@ -183,14 +269,22 @@ def snapshot_command(
     """Ask a running trainer for a snapshot now, without stopping it."""
 
     def body() -> None:
-        from ..runtime.contract import request_snapshot
+        from ..runtime.contract import request_snapshot, request_snapshot_of
 
-        pid, step = request_snapshot(run_dir, wait=wait)
+        if (run_dir is None) == (pid is None):
+            raise UsageError("give a run directory or --pid, one of them")
+        if pid is not None:
+            if wait:
+                raise UsageError("--wait needs the run directory, where snapshots are recorded")
+            asked, step = request_snapshot_of(pid), None
+        else:
+            assert run_dir is not None
+            asked, step = request_snapshot(run_dir, wait=wait)
         if json_:
-            print_json({"ok": True, "pid": pid, "step": step})
+            print_json({"ok": True, "pid": asked, "step": step})
         else:
             typer.echo(
-                f"snapshot requested from pid {pid}"
+                f"snapshot requested from pid {asked}"
                 + (f": taken at step {step}" if step is not None else "")
             )
 

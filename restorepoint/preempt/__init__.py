@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .supervisor import READY_ENV, RESUME_ENV, STORE_ENV, Supervisor, Telemetry
+from .supervisor import READY_ENV, RESUME_ENV, STORE_ENV, Supervisor
+from .telemetry import Telemetry
 from .watchers import AwsWatcher, GcpWatcher, Notice, Watcher
 
 __all__ = [

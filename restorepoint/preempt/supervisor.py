@@ -5,7 +5,11 @@
 
 1. Resume, if asked: import the restore point through the gate and start the trainer with the
    adapter's resume arguments (a restorepoint.torch run is told where the import lies).
-2. Start the trainer and forward the signals the supervisor gets (TERM, INT, HUP, USR1, USR2).
+2. Start the trainer and forward the signals the supervisor gets (TERM, INT, HUP, USR2); a
+   SIGUSR1 is a snapshot request (``restorepoint snapshot``), held until the trainer is up. An
+   external trainer runs in the spot-queue loop (``external.ExternalLoop``): every committed
+   snapshot is published with the run's whole identity, verified, and the local checkpoints
+   cleaned.
 3. Watch for notices. On one, send the snapshot request to every trainer process that has
    reported itself up (a process without its handler installed would die of SIGUSR1), wait for
    the snapshot and for it to be published in the store, before the notice's deadline; say early
@@ -39,10 +43,9 @@ from typing import Any
 
 from ..adapters.base import Adapter
 from ..errors import IncompatibleRestorePoint, RestorePointError, UsageError
-from ..format import Trainer
 from ..ops import list_store
 from ..ops.gate import Expectations
-from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.publish import HeadSpec, PackOptions
 from ..ops.resume import choose, resume_import, write_head_file
 from ..runtime.contract import (
     EXIT_INCOMPATIBLE,
@@ -57,6 +60,8 @@ from ..runtime.contract import (
     read_ready,
 )
 from ..trust import Trust, load_signing_key, trust_policy
+from .external import ExternalLoop
+from .telemetry import Telemetry
 from .watchers import Notice, Watcher
 
 __all__ = [
@@ -72,42 +77,6 @@ log = logging.getLogger("restorepoint.preempt")
 
 RESUME_ENV = RESUME_DIR_ENV
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-_SAFE_FIELDS = {
-    "event", "time", "kind", "source", "step", "seconds", "bytes", "count", "exit_code",
-    "seconds_left", "notice_to_published_s", "published", "in_time", "snapshots", "uploads",
-    "resumes", "notices", "upload_failures", "reason", "fields",
-}  # fmt: skip
-
-
-class Telemetry:
-    """Counts and timings, one JSON object a line. Only whitelisted fields of numbers, booleans
-    and short enumerations are written, so no URL, path or credential can leak into it."""
-
-    def __init__(self, path: str | os.PathLike[str] | None) -> None:
-        self.path = Path(path) if path is not None else None
-        self.counts = {"notices": 0, "resumes": 0, "snapshots": 0, "uploads": 0,
-                       "upload_failures": 0}  # fmt: skip
-
-    def record(self, event: str, **fields: Any) -> None:
-        doc: dict[str, Any] = {"event": event, "time": round(time.time(), 3)}
-        for key, raw in fields.items():
-            if key not in _SAFE_FIELDS:
-                raise ValueError(f"telemetry field {key!r} is not on the list")
-            value: Any = round(raw, 4) if isinstance(raw, float) else raw
-            if not isinstance(value, (int, float, bool)) and value is not None:
-                value = str(value)
-                if "/" in value or "\\" in value or ":" in value:
-                    raise ValueError(f"telemetry value for {key!r} looks like a path or URL")
-            doc[key] = value
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(doc, sort_keys=True) + "\n")
-
-    def count(self, name: str, **fields: Any) -> None:
-        self.counts[name] += 1
-        self.record(name.rstrip("s") if name != "resumes" else "resume", **fields)
 
 
 def publishes_itself(adapter: Adapter | None) -> bool:
@@ -146,6 +115,11 @@ class Supervisor:
     trust: Trust | None = None
     #: the key the trainer and the supervisor sign restore points with
     signing_key: str | None = None
+    #: an external trainer's restore points: their identity (the local view, at step 0), how
+    #: many to keep in the store, how many local checkpoints to keep
+    head: HeadSpec | None = None
+    keep_last: int | None = 1
+    keep_local: int | None = 1
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -167,6 +141,8 @@ class Supervisor:
         self._deferred: Notice | None = None
         # We stopped an external trainer after publishing its snapshot: resumable.
         self._resumable_stop = False
+        # The spot-queue loop around an external trainer (made by run_trainer).
+        self._loop: ExternalLoop | None = None
 
     @property
     def self_publishing(self) -> bool:
@@ -189,6 +165,14 @@ class Supervisor:
         return sent
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGUSR1:
+            # A snapshot request (restorepoint snapshot), never a raw SIGUSR1: a trainer that
+            # does not handle it yet would die of it.
+            if self._loop is not None:
+                self._loop.request_snapshot()
+            else:
+                self._signal_ready(signal.SIGUSR1)
+            return
         if signum in (signal.SIGTERM, signal.SIGINT):
             self._stopping = True
         if self._proc is not None and self._proc.poll() is None:
@@ -294,8 +278,8 @@ class Supervisor:
             self.telemetry.record("missed", reason="already-stopping", kind=notice.kind)
             return False
         ready = self.ready()
-        if not ready and not self.self_publishing and self._proc is not None:
-            # An external trainer writes no ready file: the adapter tells whether it is up.
+        if self._loop is not None and self._loop.up and self._proc is not None:
+            # An external trainer writes no ready file: its ready line says it is up.
             ready = [Ready(self._proc.pid, self.run, None)]
         if not ready:
             log.warning(
@@ -330,23 +314,16 @@ class Supervisor:
         runs = {r.run for r in ready}
         before = {run: self._store_names(run) for run in runs}
         started = time.perf_counter()
-        self_publishing = self.self_publishing
+        self_publishing = self._loop is None
         if notice.kind == "stop":
             self._stopping = True
-        if self_publishing:
+        published_before = -1
+        if self._loop is None:
             signum = signal.SIGTERM if notice.kind == "stop" else signal.SIGUSR1
             self._signal_ready(signum)
         else:
-            assert self.adapter is not None
-            try:
-                for r in ready:
-                    self.adapter.request_snapshot(r.pid)
-            except RestorePointError as exc:  # not up yet, or gone: nothing to snapshot
-                log.warning("notice (%s): no snapshot requested: %s", notice.detail, exc)
-                self.telemetry.record("missed", reason="not-up", kind=notice.kind)
-                if notice.kind == "stop":
-                    self._terminate()
-                return False
+            published_before = self._loop.newest_step()
+            self._loop.request_snapshot()
         if notice.deadline:
             # Inside the margin already: what is left of the time up to the deadline is
             # still worth waiting for.
@@ -355,9 +332,14 @@ class Supervisor:
                 deadline = notice.deadline
         else:
             deadline = time.time() + self.snapshot_timeout_s
-        published = self._await_publication(
-            runs, before, deadline, self_publishing, interruptible=notice.kind == "snapshot"
-        )
+        interruptible = notice.kind == "snapshot"
+        if self._loop is not None:
+            give_way = self._stop_notice_waiting if interruptible else None
+            published = self._loop.wait_published(published_before, deadline, give_way)
+            if published:
+                self.telemetry.count("snapshots", step=self._loop.published_step())
+        else:
+            published = self._await_publication(runs, before, deadline, interruptible)
         elapsed = time.perf_counter() - started
         in_time = published and time.time() <= (notice.deadline or float("inf"))
         if published:
@@ -381,14 +363,11 @@ class Supervisor:
 
     def _await_publication(
         self, runs: set[str | None], before: dict[str | None, set[str]], deadline: float,
-        self_publishing: bool, interruptible: bool = False,
+        interruptible: bool = False,
     ) -> bool:  # fmt: skip
-        """Wait until each run has a new restore point in the store (the trainer published it),
-        or, for an adapter that leaves publishing to us, until a new committed snapshot exists,
-        which is then published here. A wait for a snapshot (``interruptible``) gives way to a
-        stop notice: a snapshot that does not land must not hold up the stop."""
-        if not self_publishing:
-            return self._publish_external(deadline, interruptible)
+        """Wait until each run has a new restore point in the store (the trainer published
+        it). A wait for a snapshot (``interruptible``) gives way to a stop notice: a snapshot
+        that does not land must not hold up the stop."""
         while time.time() < deadline:
             # Publication first: a stop notice queued just after the snapshot landed does not
             # make that snapshot a miss.
@@ -419,37 +398,28 @@ class Supervisor:
                 log.info("notice (%s): a snapshot is already on its way", notice.detail)
         return True
 
-    def _publish_external(self, deadline: float, interruptible: bool = False) -> bool:
-        assert self.adapter is not None
+    def _external_loop(self) -> ExternalLoop:
+        from ..adapters.external import ExternalAdapter
+
         assert self.workdir is not None
-        previous = self.adapter.newest_snapshot(self.workdir)
-        prev_step = previous.step if previous is not None else -1
-        while time.time() < deadline:
-            snap = self.adapter.newest_snapshot(self.workdir)
-            if snap is None or snap.step <= prev_step:
-                if interruptible and self._stop_notice_waiting():
-                    return False
-            else:
-                self.telemetry.count("snapshots", step=snap.step)
-                info = self.adapter.trainer()
-                head = HeadSpec(
-                    snap.position, Trainer(info.name, info.version), info.terms, run=self.run
-                )
-                options = PackOptions(
-                    sign=(load_signing_key(self.signing_key),) if self.signing_key else (),
-                    storage_options=self.storage_options,
-                )
-                try:
-                    result = publish(snap.root, self.store, head, options, include=snap.files)
-                except RestorePointError as exc:
-                    log.warning("the snapshot at step %d was not published: %s", snap.step, exc)
-                    return False
-                self.telemetry.record(
-                    "upload", bytes=result.pack.size, seconds=result.pack.seconds, step=snap.step
-                )
-                return True
-            time.sleep(0.1)
-        return False
+        if not isinstance(self.adapter, ExternalAdapter):
+            raise UsageError(
+                f"the {self.adapter.name if self.adapter else ''} adapter is neither a trainer "
+                "that publishes itself nor an external trainer"
+            )
+        head = self.head or HeadSpec(0, run=self.run)
+        if head.run is None:
+            raise UsageError(
+                "an external trainer's restore points need a run: give --run or --config"
+            )
+        options = PackOptions(
+            sign=(load_signing_key(self.signing_key),) if self.signing_key else (),
+            storage_options=self.storage_options,
+        )
+        return ExternalLoop(
+            self.adapter, self.workdir, self.store, head, options, self.telemetry,
+            keep_last=self.keep_last, keep_local=self.keep_local,
+        )  # fmt: skip
 
     def _terminate(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -467,7 +437,11 @@ class Supervisor:
         previous: dict[signal.Signals, Any] = {}
         try:
             command = self._prepare_resume(env)
-            self._proc = subprocess.Popen(command, env=env)
+            if self.self_publishing:
+                self._proc = subprocess.Popen(command, env=env)
+            else:
+                self._loop = self._external_loop()
+                self._proc = self._loop.start(command, env).popen
             if threading.current_thread() is threading.main_thread():
                 for signum in FORWARDED:
                     previous[signum] = signal.signal(signum, self._forward)
@@ -491,6 +465,8 @@ class Supervisor:
                     log.warning("notice (%s) not handled: %s", notice.detail, exc)
                     self.telemetry.count("upload_failures", kind=notice.kind)
             code = self._proc.wait()
+            if self._loop is not None and not self._loop.finish(self.snapshot_timeout_s):
+                log.warning("a publish was still running at the end; left to finish")
             if code == EXIT_INCOMPATIBLE:
                 self._trainer_refused()
         except BaseException:

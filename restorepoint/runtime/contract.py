@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .._posix import atomic_write, pid_alive, started_after
+from .._posix import Disposition, atomic_write, pid_alive, signal_disposition, started_after
 from ..errors import NotFound, UsageError
 from ..ops.local_view import CACHE_ROOT_ENV
 
@@ -52,6 +52,7 @@ __all__ = [
     "read_ready",
     "report_ready",
     "request_snapshot",
+    "request_snapshot_of",
 ]
 
 #: The documented exit code of a run that stopped on request and can be resumed (42).
@@ -271,3 +272,23 @@ def request_snapshot(
                 return pid, int(event["step"])
         time.sleep(0.1)
     raise UsageError(f"no snapshot within {wait:g} s", url=str(run_dir))
+
+
+def request_snapshot_of(pid: int, signum: int = signal.SIGUSR1) -> int:
+    """Ask process ``pid`` (a supervisor, or a ResumableRun) for a snapshot: only where
+    /proc says it catches the signal; a process that is not a trainer reported up (or not one
+    of ours) does not, and would die of it."""
+    state = signal_disposition(pid, signum) if pid > 0 else Disposition.GONE
+    if state is Disposition.GONE:
+        raise NotFound(f"no process {pid}")
+    if state is not Disposition.CAUGHT:
+        raise UsageError(
+            f"process {pid} does not handle {signal.Signals(signum).name} "
+            f"({state.value}): it is not a trainer that takes snapshot requests (or not up "
+            "yet), and the signal could kill it"
+        )
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        raise NotFound(f"no process {pid}") from None
+    return pid

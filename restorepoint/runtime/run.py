@@ -195,7 +195,9 @@ class ResumableRun:
             sign=(load_signing_key(sign),) if sign is not None else (),
             storage_options=storage_options,
         )
-        self.worker = SnapshotWorker(self._save_and_publish, nice=background_nice)
+        self.worker: SnapshotWorker[Snapshot] = SnapshotWorker(
+            self._save_and_publish, nice=background_nice
+        )
         self.objects: dict[str, Any] = {}
         self.step = 0
         self.epoch = 0
@@ -504,6 +506,12 @@ class ResumableRun:
         self.step, self.epoch, self.batch = pos["step"], pos["epoch"], pos["batch"]
         self._start_epoch = self.epoch
         self.resumed_from = self.position
+        # The resubmit count travels with the snapshot: max_resubmit_attempts holds across
+        # machines (a fresh run directory elsewhere starts from the restore point's count).
+        carried = state.get("resubmit_count", 0)
+        if isinstance(carried, int) and carried > self._resubmits:
+            self._resubmits = carried
+            self._write_status("running")
         self._event("resumed", step=self.step, epoch=self.epoch, batch=self.batch, source=source)
         if self.is_main:
             print(
@@ -669,6 +677,7 @@ class ResumableRun:
             "operational_keys": self.operational,
             "position": self.position.to_dict(),
             "rank": self._rank,
+            "resubmit_count": self._resubmits,
             "rng": to_cpu(rng_state()),
             "run": self.run_id,
             "world_size": self._world,
@@ -704,11 +713,13 @@ class ResumableRun:
         signals = self.flags.take(self.flags.stop_signals)
         limit = self.max_resubmit_attempts
         self.worker.unthrottle()
+        # Counted before the snapshot: the restore point carries it, so that the limit holds
+        # on whichever machine resumes next.
+        self._resubmits += 1
         self.snapshot()
         # One upload_timeout for the whole stop: __exit__ waits only for what is left of it.
         self._upload_deadline = time.monotonic() + self.upload_timeout
         finished = self.wait(self.upload_timeout)
-        self._resubmits += 1
         over = limit is not None and self._resubmits > limit
         self._event(
             "graceful_shutdown",

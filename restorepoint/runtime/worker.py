@@ -16,11 +16,13 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..format import Position
 
 __all__ = ["Snapshot", "SnapshotWorker"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -31,14 +33,14 @@ class Snapshot:
     position: Position
 
 
-class SnapshotWorker:
+class SnapshotWorker(Generic[T]):
     """Runs ``handle`` for each snapshot submitted, on one background thread. ``handle`` must
     not raise (a failed snapshot never stops training): the caller records its failures."""
 
-    def __init__(self, handle: Callable[[Snapshot], None], *, nice: int | None = 19) -> None:
+    def __init__(self, handle: Callable[[T], None], *, nice: int | None = 19) -> None:
         self._handle = handle
         self._nice = nice
-        self._pending: queue.Queue[Snapshot | None] = queue.Queue(maxsize=1)
+        self._pending: queue.Queue[T | None] = queue.Queue(maxsize=1)
         # Snapshots handed over and not yet handled (a coalesced one counts once).
         self._outstanding = 0
         self._cv = threading.Condition()
@@ -72,7 +74,7 @@ class SnapshotWorker:
             base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
             os.setpriority(os.PRIO_PROCESS, self.native_id, base)
 
-    def submit(self, snap: Snapshot) -> None:
+    def submit(self, snap: T) -> None:
         with self._cv:
             # Coalesce: a snapshot still waiting is replaced by the newer one.
             try:

@@ -329,7 +329,7 @@ def test_a_stop_notice_queued_after_the_snapshot_landed_does_not_make_it_a_miss(
     stop = Notice("stop", "gcp", time.time(), time.time() + 30, "preempted")
     watcher.notices.put(stop)
     published = supervisor._await_publication(
-        {RUN_ID}, before, time.time() + 10, self_publishing=True, interruptible=True
+        {RUN_ID}, before, time.time() + 10, interruptible=True
     )
     assert published
     assert watcher.notices.get_nowait() is stop
@@ -444,6 +444,7 @@ def test_external_trainer_snapshots_are_published_by_the_supervisor(
     log = out / "train.log"
     options = ["--store", store_url(store), "--adapter", "lichtfeld", "--run", "splat"]
     options += ["--adapter-option", "binary=" + " ".join(fake), "--workdir", str(out)]
+    options += ["--keep-last", "2"]
     options += ["--watch", "aws", "--metadata-url", aws.url]
     command = [*fake, "--headless", "-d", str(data), "-o", str(out), "-i", "10000000"]
     command += ["--step-delay", "0.001", "--log-file", str(log)]
@@ -569,13 +570,13 @@ def test_telemetry_holds_counts_and_no_url_path_or_credential(
     assert [[d[k] for k in counted] for d in exits] == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]]
     assert [d["exit_code"] for d in exits] == [42, 0]
     by_event = [d["event"] for d in docs]
-    assert by_event.count("notice") == 2 and by_event.count("resume") == 1
+    assert by_event.count("notice") == 2 and by_event.count("resumed") == 1
     published = [d for d in docs if d["event"] == "published"]
     assert [d["kind"] for d in published] == ["stop", "snapshot"]
     for d in published:
         assert isinstance(d["notice_to_published_s"], float) and d["notice_to_published_s"] > 0
         assert d["in_time"] is True
-    (resume,) = [d for d in docs if d["event"] == "resume"]
+    (resume,) = [d for d in docs if d["event"] == "resumed"]
     assert resume["step"] == entry.step and resume["bytes"] > 0
 
 

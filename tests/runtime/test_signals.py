@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
+import restorepoint  # noqa: E402
 from restorepoint.errors import StorageUnavailable, UsageError  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
 from restorepoint.ops import list_store  # noqa: E402
@@ -462,6 +463,24 @@ def test_resubmit_limit_fails_the_second_preemption(tmp_path: Path) -> None:
     # The state is saved even so: nothing trained is lost.
     assert json.loads((run_dir / "checkpoints" / "position.json").read_text())["step"] == 8
     assert [e["resubmit_count"] for e in kinds(run_dir, "graceful_shutdown")] == [1, 2]
+
+
+def test_the_resubmit_count_travels_with_the_restore_point(tmp_path: Path) -> None:
+    """Preempted on machine A (resubmit 1 of 1), resumed on machine B from the store alone: B
+    starts from the restore point's count, so its preemption is the second and fails."""
+    store = f"{tmp_path / 'store'}/"
+    first = tv.train(tmp_path / "a", store=store, stop_at=3, max_resubmit_attempts=1)
+    assert first.code == 42 and first.run is not None
+    (entry,) = list_store(store)
+    assert restorepoint.read_manifest(entry.url).payload is not None
+    second = tv.train(
+        tmp_path / "b", store=store, stop_at=8, stop_how="signal", max_resubmit_attempts=1
+    )
+    assert second.code == 1
+    assert second.run is not None
+    doc = status(second.run.run_dir)
+    assert (doc["status"], doc["resubmit_count"]) == ("failed", 2)
+    assert "resubmit limit 1" in doc["error"]
 
 
 def test_a_stop_waits_for_the_upload_once_within_upload_timeout(

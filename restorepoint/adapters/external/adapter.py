@@ -317,6 +317,42 @@ class ExternalAdapter:
             command += extra
         return command
 
+    def iterations_of(self, command: Sequence[str]) -> int | None:
+        """The iterations the trainer's ``command`` asks for (the flag of the profile's
+        iterations template, ``-i N``), or None (the trainer's default)."""
+        template = self.profile.iterations_args
+        if len(template) != 2 or template[1] != "{iterations}":
+            return None
+        flag, found = template[0], None
+        for i, arg in enumerate(command):
+            if arg == flag and i + 1 < len(command):
+                found = command[i + 1]
+            elif arg.startswith(flag + "="):
+                found = arg[len(flag) + 1 :]
+        if found is None:
+            return None
+        try:
+            return int(found)
+        except ValueError:
+            raise UsageError(f"{self.profile.name}: {flag} {found!r} is not an integer") from None
+
+    def add_snapshot_steps(self, command: Sequence[str], checkpoint_every: int) -> list[str]:
+        """The trainer's own ``command`` with the snapshot-steps flag for a snapshot every
+        ``checkpoint_every`` training steps (see ``snapshot_steps``: scaled as the trainer
+        scales them, never the final iteration, at least the profile's minimum; 0: the
+        command unchanged). A command that already holds the flag is refused."""
+        p = self.profile
+        out = list(command)
+        if any(a == p.steps_flag or a.startswith(p.steps_flag + "=") for a in out):
+            raise UsageError(
+                f"{p.name}: the trainer's command already holds {p.steps_flag}; give --every "
+                "(or the config's checkpoint interval) instead"
+            )
+        steps = self.snapshot_steps(self.iterations_of(out), checkpoint_every, out)
+        if steps:
+            out += [p.steps_flag, p.steps_separator.join(str(s) for s in steps)]
+        return out
+
     def _scaler(self, extra: Sequence[str]) -> float:
         flag = self.profile.steps_scaler_flag
         if flag is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import enum
 import os
 import queue
 import re
@@ -18,6 +17,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any, Protocol
 
+from ..._posix import Disposition, signal_disposition
 from ...errors import UsageError
 from ..base import Snapshot, send_signal
 from .log import ANSI, parse_log
@@ -39,45 +39,12 @@ class SnapshotFiles(Protocol):
     def snapshot_of(self, base: Path, name: str, step: int) -> Snapshot: ...
 
 
-class Disposition(enum.Enum):
-    """What a process does with a signal, as /proc/PID/status says."""
-
-    GONE = "gone"
-    DEFAULT = "default"
-    IGNORED = "ignored"
-    CAUGHT = "caught"
-    #: no /proc to tell
-    UNKNOWN = "unknown"
-
-
 def complete(path: Path) -> bool:
     try:
         st = path.stat()
     except OSError:
         return False
     return path.is_file() and st.st_size > 0
-
-
-def signal_disposition(pid: int, signum: int) -> Disposition:
-    """What process ``pid`` does with ``signum``: a signal it does not catch would kill it."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return Disposition.GONE if Path("/proc/self/status").exists() else Disposition.UNKNOWN
-    except OSError:
-        return Disposition.UNKNOWN
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    if fields.get("State", "").strip().startswith(("Z", "X")):
-        return Disposition.GONE
-    bit = 1 << (signum - 1)
-    try:
-        caught = int(fields["SigCgt"].strip(), 16)
-        ignored = int(fields["SigIgn"].strip(), 16)
-    except (KeyError, ValueError):
-        return Disposition.UNKNOWN
-    if caught & bit:
-        return Disposition.CAUGHT
-    return Disposition.IGNORED if ignored & bit else Disposition.DEFAULT
 
 
 class TrainerProcess:
@@ -240,10 +207,15 @@ class TrainerProcess:
         # Straight to the trainer: no lock, no wait, whatever else is going on.
         self.send(signum)
 
-    def _on_snapshot(self, signum: int, frame: FrameType | None) -> None:
+    def ask_for_snapshot(self) -> None:
+        """Ask for a snapshot now if the trainer is up, else as soon as it is (the request is
+        held: the signal before it handles it would kill it)."""
         self._pending = True
         if self.ready.is_set():
             self._deliver_pending()
+
+    def _on_snapshot(self, signum: int, frame: FrameType | None) -> None:
+        self.ask_for_snapshot()
 
     def __enter__(self) -> TrainerProcess:
         if self.forward is not None and threading.current_thread() is threading.main_thread():

@@ -63,9 +63,28 @@ def pack_command(
         int | None,
         typer.Option(min=1, help="DEST is a store: then prune the run to its N newest."),
     ] = None,
+    codec: Annotated[
+        str,
+        typer.Option(
+            help="auto: each chunk as is, zstd or byte planes, whichever is smallest (needs a "
+            "reader with planes/1); zstd: every chunk compressed whole; none: stored as is."
+        ),
+    ] = "auto",
     level: Annotated[
-        int, typer.Option(min=-7, max=22, help="zstd level; 0 stores the payload uncompressed.")
+        int,
+        typer.Option(
+            min=-7,
+            max=22,
+            help="zstd level of what is compressed whole; 0 stores the payload uncompressed.",
+        ),
     ] = 1,
+    object_sha256: Annotated[
+        bool,
+        typer.Option(
+            "--object-sha256",
+            help="Also print the whole object's sha256 (a second pass over every stored byte).",
+        ),
+    ] = False,
     sign: Annotated[
         list[Path] | None,
         typer.Option("--sign", help="Sign with this Ed25519 private key (repeatable)."),
@@ -123,6 +142,8 @@ def pack_command(
         head = HeadSpec.from_view(options, position, operational_keys=operational_keys, run=run_id)
         pack_options = PackOptions(
             level=level,
+            codec=codec,
+            object_sha256=object_sha256,
             sign=tuple(load_signing_key(p) for p in sign or []),
             encrypt_to=tuple(load_public(p, "encryption") for p in encrypt_to or []),
         )
@@ -137,7 +158,9 @@ def pack_command(
                 f"packed {result.files} files, {human_bytes(result.bytes)} -> "
                 f"{human_bytes(result.size)} in {result.seconds:.2f} s"
             )
-            say(f"sha256 {result.sha256}")
+            say(f"digest {result.digest}")
+            if result.sha256 is not None:
+                say(f"sha256 {result.sha256}")
             say(result.url)
             for url in done.pruned.deleted if done.pruned is not None else ():
                 say(f"deleted {url}")

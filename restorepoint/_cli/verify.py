@@ -41,5 +41,6 @@ def verify_command(
             if report.signed_by:
                 trusted_by = ", ".join(report.trusted_by) or "no trusted key"
                 say(f"signed by {', '.join(report.signed_by)} (trusted: {trusted_by})")
+            say(f"digest {report.digest}")
 
     run(json_, body)

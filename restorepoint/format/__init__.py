@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from ._json import CanonicalizationError, canonical_dumps, strict_loads
 from ._layout import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION, MAGIC
-from .codecs import Codec, NoneCodec, ZstdCodec, codec_from_dict, register_codec
+from .codecs import (
+    PLANES_FEATURE,
+    Codec,
+    NoneCodec,
+    PlanesCodec,
+    ZstdCodec,
+    codec_from_dict,
+    register_codec,
+)
 from .identity import ConfigDifference, config_identity, diff_configs, identity_view
 from .manifest import KNOWN_FEATURES, Entry, Manifest, Position, Producer, Trainer
 from .paths import check_path, check_paths, fold
@@ -27,7 +35,8 @@ from .reader import (
     read_prefix,
     read_tail,
 )
-from .writer import Sink, Writer
+from .statement import restore_point_digest, statement
+from .writer import Sink, Writer, Written
 
 __all__ = [
     "FORMAT_MAJOR",
@@ -35,6 +44,7 @@ __all__ = [
     "FORMAT_VERSION",
     "KNOWN_FEATURES",
     "MAGIC",
+    "PLANES_FEATURE",
     "CanonicalizationError",
     "ChunkCipher",
     "Codec",
@@ -44,6 +54,7 @@ __all__ = [
     "Manifest",
     "NoneCodec",
     "PayloadDecoder",
+    "PlanesCodec",
     "Position",
     "Prefix",
     "Producer",
@@ -52,6 +63,7 @@ __all__ = [
     "Tail",
     "Trainer",
     "Writer",
+    "Written",
     "ZstdCodec",
     "canonical_dumps",
     "check_path",
@@ -69,5 +81,7 @@ __all__ = [
     "read_prefix",
     "read_tail",
     "register_codec",
+    "restore_point_digest",
+    "statement",
     "strict_loads",
 ]

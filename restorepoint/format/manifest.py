@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import LimitExceeded, MalformedManifest, UnsupportedFormat
 from ._layout import FORMAT_VERSION
-from .codecs import Codec, codec_from_dict
+from .codecs import PLANES_FEATURE, Codec, codec_from_dict
 from .identity import check_operational_key, config_identity
 from .limits import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN, MAX_ENTRIES, MAX_SAFE_INTEGER
 from .paths import check_paths
@@ -37,7 +37,7 @@ ENCRYPTION_FEATURE = "encryption/1"
 #: Encryption schemes, with the bytes each adds to a stored chunk (the AEAD tag).
 ENCRYPTION_SCHEMES: dict[str, int] = {"x25519-hkdf-aes256gcm-stream/1": 16}
 #: Required features this reader implements.
-KNOWN_FEATURES: frozenset[str] = frozenset({ENCRYPTION_FEATURE})
+KNOWN_FEATURES: frozenset[str] = frozenset({ENCRYPTION_FEATURE, PLANES_FEATURE})
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ID = re.compile(r"^[0-9a-f]{32}$")
@@ -349,12 +349,26 @@ class Manifest:
                 )
             )
         check_paths(entry.path for entry in entries)
+        _check_codec_features(entries, self.required_features)
         total = 0
         for entry in entries:
             total += entry.size
             if total > MAX_SAFE_INTEGER:
                 raise LimitExceeded("the payload's total size exceeds 2**53-1")
         return self.with_payload(entries)
+
+
+def _check_codec_features(entries: Iterable[Entry], features: tuple[str, ...]) -> None:
+    """A codec that needs a required feature is used only where the head lists it: a reader
+    that lacks the feature has then refused the object at R4, before the gate passed it."""
+    for entry in entries:
+        feature = getattr(entry.codec, "feature", None)
+        if feature is not None and feature not in features:
+            raise MalformedManifest(
+                f"codec {entry.codec.name!r} needs the required feature {feature!r}, "
+                "which the head does not list",
+                member=entry.path,
+            )
 
 
 def _check_encryption(value: Any) -> None:

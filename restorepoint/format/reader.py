@@ -5,8 +5,8 @@ the caller, and trusts nothing it has not checked.
 - ``read_head``: the identity part, from a bounded prefix (at most GATE_PREFIX_MAX bytes).
 - ``read_manifest``: head, footer and index, with every structural check that can be made
   without reading the payload.
-- ``PayloadDecoder``: the payload frames, decoded on a thread pool, every file's sha256
-  checked in order.
+- ``PayloadDecoder``: the payload frames, decoded and hashed on a thread pool, every file's
+  sha256 checked in order.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from ..errors import (
 )
 from ._json import strict_loads
 from ._layout import CHUNK_HEADER, DIGEST_SIZE, END_MAGIC, FOOTER, FORMAT_MAJOR, MAGIC, PREAMBLE
+from ._pipeline import Budget, HashLane, Ticket
+from .codecs import Decoded
 from .limits import GATE_PREFIX_MAX, MAX_HEAD_BYTES, MAX_INDEX_BYTES, MAX_SIGNATURE_BYTES
 from .manifest import Entry, Manifest
 
@@ -333,8 +335,10 @@ def _check_layout(manifest: Manifest, data_start: int, index_offset: int) -> Non
 class PayloadDecoder:
     """Decode the payload frames of a checked manifest from a sequential stream that starts at
     the first entry's offset. ``events()`` yields ``(entry, plain_chunk)`` for each chunk, in
-    order, and ``(entry, None)`` once an entry's sha256 has been checked. Decoding runs on a
-    pool of ``threads``; at most ``2 * threads`` chunks are in flight."""
+    order (bytes, or a read-only memoryview), and ``(entry, None)`` once an entry's sha256 has
+    been checked. Opening, decoding and hashing run on a pool of ``threads`` (each file's chunks
+    hashed in order, files side by side); at most ``2 * threads`` chunks' worth of plain bytes
+    are in flight."""
 
     def __init__(
         self,
@@ -352,6 +356,7 @@ class PayloadDecoder:
         self.stream = stream
         self.threads = max(1, threads)
         self.position = manifest.payload[0].offset if manifest.payload else 0
+        self._failed = False
 
     def _read(self, n: int, entry: Entry) -> bytes:
         data = self.stream.read(n)
@@ -364,18 +369,22 @@ class PayloadDecoder:
         self.position += n
         return data
 
-    def events(self) -> Iterator[tuple[Entry, bytes | None]]:
+    def _check(self) -> None:
+        if self._failed:
+            raise RuntimeError("the payload decoder stopped")
+
+    def events(self) -> Iterator[tuple[Entry, Decoded | None]]:
         assert self.manifest.payload is not None
         chunk_size = self.manifest.chunk_size
         overhead = self.manifest.chunk_overhead
         entries = len(self.manifest.payload)
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rp-decode")
-        inflight: deque[tuple[Entry, Future[bytes] | None, int]] = deque()
-        hashes: dict[str, hashlib._Hash] = {}
+        budget = Budget(2 * self.threads * chunk_size, 32 * self.threads)
+        inflight: deque[_InFlight] = deque()
         try:
             for position, entry in enumerate(self.manifest.payload):
-                hashes[entry.path] = hashlib.sha256()
                 n = chunk_count(entry.size, chunk_size)
+                lane = HashLane(n)
                 left_plain = entry.size
                 left_stored = entry.stored_size
                 for i in range(n):
@@ -394,48 +403,55 @@ class PayloadDecoder:
                             member=entry.path,
                             offset=self.position - CHUNK_HEADER.size,
                         )
+                    # Room for the plain bytes before the stored ones are read: settle the
+                    # oldest chunks (which frees their room once hashed) until there is.
+                    while inflight and not budget.has_room(plain):
+                        yield from self._settle(inflight.popleft())
+                    ticket = budget.acquire(plain, self._check)
                     stored = self._read(stored_len, entry)
                     left_stored -= stored_len
                     task = pool.submit(
-                        self._decode, entry, position, entries, i, i == n - 1, stored, plain
+                        self._decode, entry, lane, position, entries, i, n, stored, plain, ticket
                     )
-                    inflight.append((entry, task, i))
-                    while len(inflight) > 2 * self.threads:
-                        yield from self._settle(inflight.popleft(), hashes)
+                    inflight.append(_InFlight(entry, lane, task, i, ticket))
                 if left_stored != 0:
                     raise FramingError(
                         f"chunk frames use {entry.stored_size - left_stored} of "
                         f"{entry.stored_size} stored bytes",
                         member=entry.path,
                     )
-                inflight.append((entry, None, n))
+                inflight.append(_InFlight(entry, lane, None, n, None))
             while inflight:
-                yield from self._settle(inflight.popleft(), hashes)
+                yield from self._settle(inflight.popleft())
         finally:
+            self._failed = True
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _decode(
         self,
         entry: Entry,
+        lane: HashLane,
         position: int,
         entries: int,
         index: int,
-        last: bool,
+        count: int,
         stored: bytes,
         plain: int,
-    ) -> bytes:
+        ticket: Ticket,
+    ) -> Decoded:
+        """On a pool thread: open and decode one chunk, then feed it to its file's sha256."""
         if self.cipher is not None:
             stored = self.cipher.open(
-                entry.path, entry.size, position, entries, index, last, stored
+                entry.path, entry.size, position, entries, index, index == count - 1, stored
             )
-        return entry.codec.decode(stored, plain)
+        data = entry.codec.decode(stored, plain)
+        lane.feed(index, data, ticket)
+        return data
 
-    def _settle(
-        self, item: tuple[Entry, Future[bytes] | None, int], hashes: dict[str, hashlib._Hash]
-    ) -> Iterator[tuple[Entry, bytes | None]]:
-        entry, future, index = item
-        if future is None:
-            found = hashes.pop(entry.path).hexdigest()
+    def _settle(self, item: _InFlight) -> Iterator[tuple[Entry, Decoded | None]]:
+        entry = item.entry
+        if item.future is None:
+            found = item.lane.hexdigest(self._check)
             if found != entry.sha256:
                 raise DigestMismatch(
                     f"payload digest differs (expected {entry.sha256[:16]}..., "
@@ -447,11 +463,23 @@ class PayloadDecoder:
             yield entry, None
             return
         try:
-            plain = future.result()
+            plain = item.future.result()
         except RestorePointError as exc:
             if exc.member is None:
                 exc.member = entry.path
-                exc.message = f"chunk {index}: {exc.message}"
+                exc.message = f"chunk {item.index}: {exc.message}"
             raise
-        hashes[entry.path].update(plain)
+        assert item.ticket is not None
+        item.ticket.done()
         yield entry, plain
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A chunk submitted to the pool (or, with no future, the end of its entry)."""
+
+    entry: Entry
+    lane: HashLane
+    future: Future[Decoded] | None
+    index: int
+    ticket: Ticket | None

@@ -1,10 +1,12 @@
 """The writer's algorithm (spec section "Writing"): one pass over every payload byte.
 
-Each source chunk is read once; the main thread hashes it (sha256 of the plain file) while a
-thread pool encodes earlier chunks, and a writer thread emits the stored frames in order and
-hashes the object as it goes. hashlib and zstandard release the GIL, so on two cores the three
-stages overlap. At most ``depth`` chunks are in flight, so memory stays bounded whatever the
-payload's size.
+Each source chunk is read once, on the caller's thread; a thread pool hashes it into its file's
+sha256 (in chunk order, files side by side: ``_pipeline.HashLane``) and encodes it, and a writer
+thread emits the stored frames in order. hashlib and zstandard release the GIL, so the stages
+overlap on every core. A budget of plain bytes in flight (``_pipeline.Budget``) bounds memory
+whatever the payload's size. The sha256 of the whole object, a second pass over every stored byte,
+is made only on request (``object_sha256``): the restore point digest binds the head and the index
+and costs nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import BinaryIO, Protocol
 from ..errors import IntegrityError, SourceError
 from ._json import canonical_dumps, strict_loads
 from ._layout import CHUNK_HEADER, END_MAGIC, FOOTER, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, PREAMBLE
+from ._pipeline import Budget, HashLane, Ticket
 from .codecs import Codec, NoneCodec
 from .limits import (
     MAX_ENTRIES,
@@ -33,8 +36,13 @@ from .limits import (
 from .manifest import Entry, Manifest
 from .paths import check_path
 from .reader import ChunkCipher
+from .statement import restore_point_digest
 
-__all__ = ["Sink", "Writer"]
+__all__ = ["Sink", "Writer", "Written"]
+
+#: Chunks in flight at most, whatever their size: many small files hash side by side, and the
+#: futures of a payload of tiny files stay few.
+MAX_CHUNKS_IN_FLIGHT = 64
 
 
 class Sink(Protocol):
@@ -47,21 +55,29 @@ class Sink(Protocol):
 class _Pending:
     path: str
     size: int
-    sha256: str = ""
+    lane: HashLane
     offset: int = -1
     stored: int = 0
-    read_done: bool = False
 
 
-_Item = tuple[str, "_Pending", "Future[bytes] | None"]
+_Item = tuple[str, "_Pending", "Future[list[bytes]] | None", "Ticket | None"]
 
 
-@dataclass
-class _Done:
-    value: bytes
+@dataclass(frozen=True)
+class Written:
+    """What the writer wrote: the full manifest, the object's size, the digests of its head and
+    index, the restore point digest (the statement's sha256, spec section 21), and the sha256
+    of the whole object when it was asked for (None otherwise)."""
 
-    def result(self) -> bytes:
-        return self.value
+    manifest: Manifest
+    size: int
+    head_sha256: str
+    index_sha256: str
+    object_sha256: str | None
+
+    @property
+    def digest(self) -> str:
+        return restore_point_digest(self.manifest.id, self.head_sha256, self.index_sha256)
 
 
 @dataclass
@@ -78,22 +94,32 @@ class Writer:
     entries: int | None = None
     #: Makes the signature block from (head sha256, index sha256); None: unsigned.
     signer: Callable[[str, str], bytes] | None = None
+    #: Also hash the whole object as it is written (a second pass over every stored byte).
+    object_sha256: bool = False
 
     def __post_init__(self) -> None:
         if (self.cipher is None) != (self.head.encryption is None):
             raise ValueError("a cipher goes with a head that declares its encryption")
         if self.cipher is not None and self.entries is None:
             raise ValueError("an encrypting writer needs the number of entries up front")
-        self._object_hash = hashlib.sha256()
-        # The object's sha256 runs on a thread of its own, beside the writes: on two cores
-        # that is what keeps a store-only pack close to a plain read-and-hash pass.
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="rp-hash")
+        # getattr: a codec registered before codecs named their feature needs none.
+        feature = getattr(self.codec, "feature", None)
+        if feature is not None and feature not in self.head.required_features:
+            raise ValueError(f"codec {self.codec.name} needs the required feature {feature}")
+        self._object_hash = hashlib.sha256() if self.object_sha256 else None
+        # The object's sha256 runs on a thread of its own, beside the writes.
+        self._hasher = (
+            ThreadPoolExecutor(1, thread_name_prefix="rp-hash") if self.object_sha256 else None
+        )
         self._hashing: deque[Future[None]] = deque()
         self._position = 0
-        self._entries: list[Entry] = []
+        self._pending: list[_Pending] = []
         self._paths: list[str] = []
         self._depth = max(2, 2 * self.threads)
-        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=self._depth)
+        # As many plain bytes in flight as depth full chunks: the memory of a pipeline that is
+        # depth chunks deep, but room for many small files at once.
+        self._budget = Budget(self._depth * self.head.chunk_size, MAX_CHUNKS_IN_FLIGHT)
+        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=4 * MAX_CHUNKS_IN_FLIGHT)
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -117,8 +143,8 @@ class Writer:
         self._emit(PREAMBLE.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, len(head)))
         self._emit(head)
         self._emit(digest)
-        if not isinstance(self.codec, NoneCodec) or self.cipher is not None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rp-encode")
+        # Also for codec none: the pool hashes, so that the reading thread only reads.
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rp-encode")
         self._thread = threading.Thread(target=self._drain, name="rp-write", daemon=True)
         self._thread.start()
 
@@ -131,54 +157,67 @@ class Writer:
             raise SourceError(f"more than {MAX_ENTRIES} payload files")
         if self.entries is not None and len(self._paths) >= self.entries:
             raise SourceError(f"more payload files than the {self.entries} announced")
+        assert self._pool is not None, "begin() first"
         position = len(self._paths)
         n_chunks = -(-size // self.head.chunk_size)
         self._paths.append(path)
-        pending = _Pending(path, size)
-        self._put(("begin", pending, None))
-        file_hash = hashlib.sha256()
+        pending = _Pending(path, size, HashLane(n_chunks))
+        self._pending.append(pending)
+        self._put(("begin", pending, None, None))
         chunk_size = self.head.chunk_size
         left = size
         index = 0
         while left > 0:
             want = min(chunk_size, left)
+            ticket = self._budget.acquire(want, self._check)
             chunk = _read_exactly(source, want)
             if len(chunk) != want:
                 raise SourceError(f"{path}: file shrank while it was packed")
             left -= want
-            file_hash.update(chunk)
-            future: Future[bytes] | _Done
-            if self._pool is None:
-                future = _Done(chunk)
-            else:
-                future = self._pool.submit(
-                    self._encode, path, size, position, index, index == n_chunks - 1, chunk
-                )
+            future = self._pool.submit(
+                self._chunk, pending, position, index, index == n_chunks - 1, chunk, ticket
+            )
             index += 1
-            self._put(("chunk", pending, future))  # type: ignore[arg-type]
+            self._put(("chunk", pending, future, ticket))
             if self.progress is not None:
                 self.progress(want)
         if source.read(1):
             raise SourceError(f"{path}: file grew while it was packed")
-        pending.sha256 = file_hash.hexdigest()
-        self._put(("end", pending, None))
 
-    def _encode(
-        self, path: str, size: int, position: int, index: int, last: bool, chunk: bytes
-    ) -> bytes:
+    def _chunk(
+        self, pending: _Pending, position: int, index: int, last: bool, chunk: bytes, ticket: Ticket
+    ) -> list[bytes]:
+        """On a pool thread: the chunk into its file's sha256 (in order), then encoded, as
+        pieces of its stored bytes when the codec makes them and nothing seals them."""
+        pending.lane.feed(index, chunk, ticket)
+        if self.cipher is None:
+            parts = getattr(self.codec, "encode_parts", None)
+            return parts(chunk) if parts is not None else [self.codec.encode(chunk)]
+        assert self.entries is not None
         stored = self.codec.encode(chunk)
-        if self.cipher is not None:
-            assert self.entries is not None
-            stored = self.cipher.seal(path, size, position, self.entries, index, last, stored)
-        return stored
+        return [
+            self.cipher.seal(
+                pending.path, pending.size, position, self.entries, index, last, stored
+            )
+        ]
 
-    def finish(self) -> tuple[Manifest, str, int]:
-        """Steps 5-6: index, signature block, footer. Returns the full manifest, the object's
-        sha256 and its size."""
+    def finish(self) -> Written:
+        """Steps 5-6: index, signature block, footer."""
         self._stop()
-        if self.entries is not None and len(self._entries) != self.entries:
-            raise SourceError(f"{len(self._entries)} payload files, {self.entries} announced")
-        manifest = self.head.with_payload(self._entries)
+        if self.entries is not None and len(self._pending) != self.entries:
+            raise SourceError(f"{len(self._pending)} payload files, {self.entries} announced")
+        entries = [
+            Entry(
+                path=p.path,
+                size=p.size,
+                sha256=p.lane.hexdigest(self._check),
+                codec=self.codec,
+                offset=p.offset,
+                stored_size=p.stored,
+            )
+            for p in self._pending
+        ]
+        manifest = self.head.with_payload(entries)
         index = canonical_dumps(manifest.index_dict(self._head_sha256))
         if len(index) > MAX_INDEX_BYTES:
             raise SourceError(f"the index is {len(index)} bytes; the limit is {MAX_INDEX_BYTES}")
@@ -194,9 +233,12 @@ class Writer:
         self._emit(FOOTER.pack(index_offset, len(index), index_digest, len(signature), END_MAGIC))
         if self._position > MAX_SAFE_INTEGER:
             raise SourceError("the restore point would exceed 2**53-1 bytes")
-        digest = self._object_digest()
-        self._hasher.shutdown(wait=True)
-        return manifest, digest, self._position
+        object_sha256 = self._object_digest()
+        if self._hasher is not None:
+            self._hasher.shutdown(wait=True)
+        return Written(
+            manifest, self._position, self._head_sha256, index_digest.hex(), object_sha256
+        )
 
     def abort(self) -> None:
         """Stop the threads after a failure; the caller discards what was written. Never
@@ -212,16 +254,23 @@ class Writer:
     # -- internals -------------------------------------------------------------------------
 
     def _emit(self, data: bytes) -> None:
-        self._hashing.append(self._hasher.submit(self._object_hash.update, data))
+        if self._hasher is not None:
+            assert self._object_hash is not None
+            self._hashing.append(self._hasher.submit(self._object_hash.update, data))
         self.sink.write(data)
         self._position += len(data)
         while len(self._hashing) > self._depth:
             self._hashing.popleft().result()
 
-    def _object_digest(self) -> str:
+    def _object_digest(self) -> str | None:
         while self._hashing:
             self._hashing.popleft().result()
-        return self._object_hash.hexdigest()
+        return self._object_hash.hexdigest() if self._object_hash is not None else None
+
+    def _check(self) -> None:
+        """Raise the pipeline's error, if any: called by whatever waits on it."""
+        if self._error is not None:
+            self._raise()
 
     def _put(self, item: _Item) -> None:
         while True:
@@ -244,28 +293,21 @@ class Writer:
                 item = self._queue.get()
                 if item is None:
                     return
-                kind, pending, future = item
+                kind, pending, future, ticket = item
                 if self._error is not None:
                     continue
                 if kind == "begin":
                     pending.offset = self._position
-                elif kind == "chunk":
-                    assert future is not None
-                    stored = future.result()
-                    self._emit(CHUNK_HEADER.pack(len(stored)))
-                    self._emit(stored)
-                    pending.stored += CHUNK_HEADER.size + len(stored)
                 else:
-                    self._entries.append(
-                        Entry(
-                            path=pending.path,
-                            size=pending.size,
-                            sha256=pending.sha256,
-                            codec=self.codec,
-                            offset=pending.offset,
-                            stored_size=pending.stored,
-                        )
-                    )
+                    assert future is not None
+                    assert ticket is not None
+                    parts = future.result()
+                    length = sum(len(part) for part in parts)
+                    self._emit(CHUNK_HEADER.pack(length))
+                    for part in parts:
+                        self._emit(part)
+                    pending.stored += CHUNK_HEADER.size + length
+                    ticket.done()
         except BaseException as exc:
             self._error = exc
 
@@ -290,7 +332,7 @@ class Writer:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if not raise_error:
+        if not raise_error and self._hasher is not None:
             self._hasher.shutdown(wait=True, cancel_futures=True)
         if raise_error and self._error is not None:
             self._raise()

@@ -25,10 +25,12 @@ from ..format import (
     Codec,
     Manifest,
     NoneCodec,
+    PlanesCodec,
     Position,
     Producer,
     Trainer,
     Writer,
+    Written,
     ZstdCodec,
     canonical_dumps,
     config_identity,
@@ -43,29 +45,37 @@ from ._config import check_json_data
 from ._naming import entry_name, is_store_url
 from ._source import SourceFile, list_source
 
-__all__ = ["DEFAULT_LEVEL", "PackResult", "describe", "pack"]
+__all__ = ["CODECS", "DEFAULT_CODEC", "DEFAULT_LEVEL", "PackResult", "describe", "pack"]
 
-#: zstd level 1: ~0.7 GB/s per core on float32 tensors; higher levels buy almost nothing on
+#: zstd level 1: ~1 GB/s per core on float32 tensors; higher levels buy almost nothing on
 #: weights (which are close to random) at a large cost in time.
 DEFAULT_LEVEL = 1
+#: What ``codec=`` accepts: ``auto`` chooses chunk by chunk (codec planes: as is, zstd, or byte
+#: planes), ``zstd`` compresses every chunk whole, ``none`` stores the payload as it is.
+CODECS = ("auto", "zstd", "none")
+DEFAULT_CODEC = "auto"
 
 
 @dataclass(frozen=True)
 class PackResult:
-    """What pack did: where the restore point is, what it holds, how long it took."""
+    """What pack did: where the restore point is, what it holds, how long it took.
+    ``digest`` is the restore point digest (what ``verify`` reports for the same restore point,
+    wherever it is copied); ``sha256`` is the whole object's, only when it was asked for."""
 
     url: str
     id: str
     size: int
-    sha256: str
+    digest: str
     files: int
     bytes: int
     seconds: float
     manifest: Manifest
+    sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "bytes": self.bytes,
+            "digest": self.digest,
             "files": self.files,
             "id": self.id,
             "ok": True,
@@ -75,6 +85,19 @@ class PackResult:
             "size": self.size,
             "url": self.url,
         }
+
+
+def choose_codec(codec: str = DEFAULT_CODEC, level: int | None = DEFAULT_LEVEL) -> Codec:
+    """The codec of ``codec=`` and ``level=`` (spec section 13, P2): ``none`` when the level is
+    None or 0, whatever the codec."""
+    if codec not in CODECS:
+        raise UsageError(f"codec must be one of {', '.join(CODECS)}, not {codec!r}")
+    if codec == "none" or not level:
+        return NoneCodec()
+    try:
+        return PlanesCodec(level) if codec == "auto" else ZstdCodec(level)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def default_threads() -> int:
@@ -187,6 +210,7 @@ def pack(
     cache_keys: Mapping[str, str] | None = None,
     cache_root: str | None = None,
     level: int | None = DEFAULT_LEVEL,
+    codec: str = DEFAULT_CODEC,
     chunk_size: int = CHUNK_SIZE_DEFAULT,
     threads: int | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -199,6 +223,7 @@ def pack(
     sign: Sequence[Ed25519PrivateKey] = (),
     encrypt_to: Sequence[PublicKey] = (),
     include: Sequence[str] | None = None,
+    object_sha256: bool = False,
 ) -> PackResult:
     """Pack ``source`` (a directory or one file) into a restore point published at ``dest``.
 
@@ -210,8 +235,12 @@ def pack(
     X25519 public keys each get the payload's key, and the payload is encrypted (the head, with
     identity and position, stays readable for the import gate).
 
-    ``level`` is the zstd level (``None`` or 0 store the payload uncompressed). ``progress`` is
-    called with each number of source bytes read; ``on_start`` once with the total."""
+    ``codec`` is ``auto`` (the default: each chunk stored as is, as zstd, or as byte planes,
+    whichever a probe finds smallest; the restore point then requires the feature planes/1),
+    ``zstd`` or ``none``. ``level`` is the zstd level of what is compressed whole (``None`` or 0
+    store the payload uncompressed). ``object_sha256`` also hashes the whole object (a second
+    pass over its bytes) for ``PackResult.sha256``. ``progress`` is called with each number of
+    source bytes read; ``on_start`` once with the total."""
     started = time.perf_counter()
     head = describe(
         position=position,
@@ -226,11 +255,11 @@ def pack(
         rp_id=rp_id,
         run=run,
     )
-    codec: Codec
-    try:
-        codec = NoneCodec() if not level else ZstdCodec(level)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    chosen = choose_codec(codec, level)
+    if chosen.feature is not None:
+        head = replace(
+            head, required_features=tuple(sorted({*head.required_features, chosen.feature}))
+        )
     files = list_source(os.fspath(source), include)
     total = sum(f.size for f in files)
     if on_start is not None:
@@ -259,10 +288,10 @@ def pack(
     if store:
         location = location.join(entry_name(head))
     with at_url(location.url):
-        manifest, digest, size = _publish(
+        written = _publish(
             location,
             head,
-            codec,
+            chosen,
             files,
             total,
             threads,
@@ -270,16 +299,18 @@ def pack(
             create_only=store,
             cipher=cipher,
             signer=signer,
+            object_sha256=object_sha256,
         )
     return PackResult(
         url=location.url,
-        id=manifest.id,
-        size=size,
-        sha256=digest,
+        id=written.manifest.id,
+        size=written.size,
+        digest=written.digest,
         files=len(files),
         bytes=total,
         seconds=time.perf_counter() - started,
-        manifest=manifest,
+        manifest=written.manifest,
+        sha256=written.object_sha256,
     )
 
 
@@ -295,7 +326,8 @@ def _publish(
     create_only: bool = False,
     cipher: StreamCipher | None = None,
     signer: Callable[[str, str], bytes] | None = None,
-) -> tuple[Manifest, str, int]:
+    object_sha256: bool = False,
+) -> Written:
     """Writer steps 1-6 into an atomic publisher; the commit is the last step."""
     with location.publish(size_hint=total, create_only=create_only) as publisher:
         writer = Writer(
@@ -307,16 +339,17 @@ def _publish(
             cipher=cipher,
             entries=len(files) if cipher is not None else None,
             signer=signer,
+            object_sha256=object_sha256,
         )
         try:
             writer.begin()
             for item in files:
                 _add(writer, item.path, item.location, item.size)
-            manifest, digest, size = writer.finish()
+            written = writer.finish()
         except BaseException:
             writer.abort()
             raise
-    return manifest, digest, size
+    return written
 
 
 def _add(writer: Writer, path: str, location: str, size: int) -> None:

@@ -30,7 +30,7 @@ from ..storage import resolve
 from ..trust import PublicKey
 from ._naming import entry_name, is_store_url
 from .gate import UNSET, Expectations, handoff_document, write_handoff
-from .pack import DEFAULT_LEVEL, PackResult, describe, pack
+from .pack import DEFAULT_CODEC, DEFAULT_LEVEL, PackResult, describe, pack
 from .store import PruneReport, _store, prune
 
 __all__ = ["HeadSpec", "PackOptions", "PublishResult", "publish"]
@@ -123,10 +123,13 @@ class HeadSpec:
 
 @dataclass(frozen=True)
 class PackOptions:
-    """How the payload is packed and where the bytes go: the zstd level (0 or None: stored),
-    chunk size, encode threads, signing keys, recipients, the storage's fsspec options."""
+    """How the payload is packed and where the bytes go: the codec (auto, zstd, none) and its
+    zstd level (0 or None: stored), chunk size, encode threads, whether to hash the whole object
+    too, signing keys, recipients, the storage's fsspec options."""
 
     level: int | None = DEFAULT_LEVEL
+    codec: str = DEFAULT_CODEC
+    object_sha256: bool = False
     chunk_size: int = CHUNK_SIZE_DEFAULT
     threads: int | None = None
     sign: tuple[Ed25519PrivateKey, ...] = ()
@@ -136,6 +139,8 @@ class PackOptions:
     def pack_arguments(self) -> dict[str, Any]:
         return {
             "level": self.level,
+            "codec": self.codec,
+            "object_sha256": self.object_sha256,
             "chunk_size": self.chunk_size,
             "threads": self.threads,
             "sign": self.sign,

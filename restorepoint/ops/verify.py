@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import at_url
-from ..format import Head, Manifest, PayloadDecoder, read_head
+from ..format import Head, Manifest, PayloadDecoder, read_head, restore_point_digest
 from ..format import read_manifest as format_read_manifest
 from ..storage import Location, resolve
 from ._open import NO_TRUST, Trust, open_manifest
@@ -23,7 +23,8 @@ __all__ = ["VerifyReport", "read_head_of", "read_manifest", "verify"]
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """A restore point that verified: its manifest, how much was checked, how long it took."""
+    """A restore point that verified: its manifest, how much was checked, how long it took,
+    and its restore point digest (the one pack reported, if this is what was packed)."""
 
     url: str
     manifest: Manifest
@@ -33,10 +34,12 @@ class VerifyReport:
     seconds: float
     signed_by: tuple[str, ...] = ()
     trusted_by: tuple[str, ...] = ()
+    digest: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "bytes": self.bytes,
+            "digest": self.digest,
             "encrypted": self.manifest.encryption is not None,
             "files": self.files,
             "id": self.manifest.id,
@@ -82,6 +85,7 @@ def _verify(
         opened = open_manifest(reader, trust, need_key=True)
         head, manifest = opened.head, opened.manifest
         assert manifest is not None
+        assert opened.tail is not None
         if on_start is not None:
             on_start(manifest.total_size)
         checked = 0
@@ -109,6 +113,7 @@ def _verify(
         seconds=time.perf_counter() - started,
         signed_by=opened.signature.signed_by if opened.signature else (),
         trusted_by=opened.signature.trusted_by if opened.signature else (),
+        digest=restore_point_digest(manifest.id, head.head_sha256, opened.tail.index_sha256),
     )
 
 

@@ -331,13 +331,19 @@ class StoreConformance:
             (source / name).write_bytes(data)
         url = base_url + NAME
         result = pack(
-            source, url, position=42, chunk_size=65_536, storage_options=dict(storage_options)
+            source,
+            url,
+            position=42,
+            chunk_size=65_536,
+            storage_options=dict(storage_options),
+            object_sha256=True,
         )
         stored = self.raw_get(url)
         assert len(stored) == result.size
         assert hashlib.sha256(stored).hexdigest() == result.sha256
         report = verify(url, storage_options=dict(storage_options))
         assert (report.files, report.bytes, report.size) == (3, 270_001, result.size)
+        assert report.digest == result.digest
         assert report.manifest.id == result.id
         manifest = read_manifest(url, storage_options=dict(storage_options))
         assert manifest.payload is not None
@@ -625,7 +631,8 @@ class StoreConformance:
             report = verify(r["url"], storage_options=options)
             assert (report.manifest.id, report.size) == (r["id"], r["size"])
             assert report.manifest.run == "duo"
-            digests.add(r["sha256"])
+            assert report.digest == r["digest"]
+            digests.add(r["digest"])
         assert len(digests) == 2
         assert latest(store, storage_options=options).url == entries[0].url
 

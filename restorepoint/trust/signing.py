@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from ..errors import MalformedManifest, SignatureError
 from ..format import canonical_dumps, strict_loads
+from ..format.statement import STATEMENT_FORMAT, statement
 from .keys import key_id, raw_public
 
 __all__ = [
@@ -37,24 +38,12 @@ __all__ = [
 
 #: The payload type: names the document and the format version it belongs to.
 PAYLOAD_TYPE = "application/vnd.restorepoint.statement+json;version=1"
-STATEMENT_FORMAT = "restorepoint/1"
 
 
 def pae(payload_type: str, body: bytes) -> bytes:
     """DSSE v1 pre-authentication encoding: what is actually signed."""
     t = payload_type.encode()
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
-
-
-def statement(rp_id: str, head_sha256: str, index_sha256: str) -> bytes:
-    return canonical_dumps(
-        {
-            "format": STATEMENT_FORMAT,
-            "head_sha256": head_sha256,
-            "id": rp_id,
-            "index_sha256": index_sha256,
-        }
-    )
 
 
 def signature_block(body: bytes, signers: Iterable[Ed25519PrivateKey]) -> bytes:

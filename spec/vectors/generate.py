@@ -79,6 +79,8 @@ BOMB_PEAK_BYTES = 4 << 20
 CHUNK = 65536
 STORE = {"name": "none"}
 ZSTD = {"level": 3, "name": "zstd"}
+PLANES = {"level": 1, "name": "planes"}
+PLANES_FEATURE = "planes/1"
 OTHER_ID = "fedcba9876543210fedcba9876543210"
 
 
@@ -190,6 +192,71 @@ def zstd_bomb(content_size: int, expands_to: int) -> bytes:
     return _frame_header(content_size) + b"".join(blocks)
 
 
+# -- planes chunks, written by hand ------------------------------------------------------------
+
+
+def planes_chunk(plain: bytes, width: int, compressed: int) -> bytes:
+    """A chunk of codec planes in mode 2 (spec section 7): the planes of ``width``, those in the
+    mask ``compressed`` as hand-written zstd frames, which must be shorter than their plane
+    (uniform planes, whose frames are RLE blocks)."""
+    count = len(plain) // width
+    parts = [bytes([2, width, compressed])]
+    for k in range(width):
+        plane = plain[k : count * width : width]
+        if compressed >> k & 1:
+            frame = zstd_frame(plane)
+            assert len(frame) < len(plane), "a compressed plane must be shorter than the plane"
+            parts += [struct.pack("<I", len(frame)), frame]
+        else:
+            parts.append(plane)
+    parts.append(plain[count * width :])
+    return b"".join(parts)
+
+
+def raw_chunk(plain: bytes) -> bytes:
+    return b"\x00" + plain
+
+
+def zstd_chunk(plain: bytes) -> bytes:
+    frame = zstd_frame(plain)
+    assert len(frame) < len(plain), "a mode-1 frame must be shorter than the chunk"
+    return b"\x01" + frame
+
+
+def floats(count: int, high: int, next_high: int, width: int = 4) -> bytes:
+    """``count`` little-endian elements of ``width`` bytes whose two top bytes are fixed (the
+    sign and exponent of weights of one magnitude) and whose other bytes run through a
+    pattern: the top planes are uniform, the others not."""
+    out = bytearray()
+    for i in range(count):
+        low = bytes(((i * 37 + j * 101) >> j) & 0xFF for j in range(width - 2))
+        out += low + bytes([next_high, high])
+    return bytes(out)
+
+
+def planes_entry(path: str, data: bytes, chunks: list[bytes]) -> ForgedEntry:
+    return ForgedEntry(path, len(data), sha(data), dict(PLANES), chunks)
+
+
+def planes_parts(entries: list[ForgedEntry], **head: Any) -> Parts:
+    parts = Parts.sample(files={}, **({"required_features": [PLANES_FEATURE]} | head))
+    parts.entries = entries
+    return parts
+
+
+#: The payload of most broken planes vectors: one float32 chunk of 4096 bytes in mode 2.
+SMALL_FLOATS = floats(1024, 0x3C, 0x80)
+
+
+def small_planes(chunks: bytes | list[bytes] | None = None, data: bytes = SMALL_FLOATS) -> Parts:
+    """One file of ``data`` stored as ``chunks`` (default: one mode-2 chunk, planes 2 and 3
+    compressed)."""
+    if chunks is None:
+        chunks = planes_chunk(data, 4, 0b1100)
+    stored = [chunks] if isinstance(chunks, bytes) else chunks
+    return planes_parts([planes_entry("weights.f32", data, stored)])
+
+
 # -- building blocks --------------------------------------------------------------------------
 
 
@@ -290,6 +357,7 @@ def build() -> list[Vector]:
     _index(v)
     _layout(v)
     _payload(v)
+    _planes(v)
     _paths(v)
     names = [x.name for x in v.items]
     assert len(names) == len(set(names)), "vector names must be unique"
@@ -744,6 +812,175 @@ def _payload(v: Vectors) -> None:
         parts,
         bomb=True,
     )
+
+
+def _planes(v: Vectors) -> None:
+    """Codec planes (spec section 7) and its required feature planes/1 (section 12)."""
+    fp32 = floats(CHUNK // 4, 0x3C, 0x80) + floats(250, 0x3D, 0x00) + b"\x7f"
+    bf16 = bytes(x for i in range(3000) for x in ((i * 37) & 0xFF, 0x3F))
+    fp64 = floats(500, 0x3F, 0xF0, width=8)
+    log = b"=" * 3000
+    noise = b"".join(hashlib.sha256(b"%d" % i).digest() for i in range(40))
+    files = {"log.txt": log, "noise.bin": noise, "weights.bf16": bf16}
+    files |= {"weights.f32": fp32, "weights.f64": fp64}
+    entries = [
+        planes_entry("log.txt", log, [zstd_chunk(log)]),
+        planes_entry("noise.bin", noise, [raw_chunk(noise)]),
+        planes_entry("weights.bf16", bf16, [planes_chunk(bf16, 2, 0b10)]),
+        planes_entry(
+            "weights.f32",
+            fp32,
+            [planes_chunk(fp32[:CHUNK], 4, 0b1100), planes_chunk(fp32[CHUNK:], 4, 0b1000)],
+        ),
+        planes_entry("weights.f64", fp64, [planes_chunk(fp64, 8, 0b11000000)]),
+    ]
+    v.valid(
+        "valid-planes",
+        planes_parts(entries),
+        files,
+        "Codec planes in every mode: raw, one zstd frame, byte planes of widths 2, 4 (a full "
+        "chunk and a last chunk with a one-byte tail) and 8, some planes compressed.",
+    )
+    parts = parts_of(small_files(), ZSTD, required_features=[PLANES_FEATURE])
+    v.valid(
+        "valid-planes-feature-unused",
+        parts,
+        small_files(),
+        "The head requires planes/1 and no entry uses codec planes (pack declares it up front).",
+    )
+    parts = small_planes()
+    parts.head["required_features"] = []
+    v.broken(
+        "planes-without-feature",
+        "MalformedManifest",
+        "An entry of codec planes in an object whose head does not list planes/1.",
+        parts,
+    )
+    parts = small_planes()
+    parts.entries[0].codec = {"level": 1, "name": "planes", "width": 4}
+    v.broken(
+        "planes-codec-unknown-parameter",
+        "MalformedManifest",
+        "The codec object planes has an unknown parameter width.",
+        parts,
+    )
+    good = planes_chunk(SMALL_FLOATS, 4, 0b1100)
+    faults: list[tuple[str, str, bytes]] = [
+        ("planes-mode-unknown", "The chunk's mode byte is 3.", b"\x03" + good[1:]),
+        (
+            "planes-width-3",
+            "A planes chunk declares width 3 (its planes laid out for 4).",
+            good[:1] + b"\x03" + good[2:],
+        ),
+        (
+            "planes-mask-beyond-width",
+            "The plane mask of a width-4 chunk has bit 4 set.",
+            good[:2] + bytes([good[2] | 0x10]) + good[3:],
+        ),
+        (
+            "planes-truncated",
+            "The chunk ends 10 bytes into its last plane (offsets and sizes consistent).",
+            good[: len(good) - 10],
+        ),
+        (
+            "planes-tail-extra",
+            "One byte follows the planes of a chunk that has no tail.",
+            good + b"\x00",
+        ),
+        (
+            "planes-length-beyond-chunk",
+            "Plane 2's u32 length is 1000: shorter than its plane, longer than the chunk's rest.",
+            _with_plane_length(good, 2, 1000),
+        ),
+        (
+            "planes-frame-not-shorter",
+            "Plane 3's frame (one raw block of its 1024 bytes) is not shorter than the plane.",
+            _planes_with_frame(3, _frame_header(1024) + _raw_block(SMALL_FLOATS[3::4], True)),
+        ),
+        (
+            "planes-frame-other-size",
+            "A compressed plane's frame declares and holds 1023 bytes, its plane is 1024.",
+            _planes_with_frame(3, zstd_frame(b"\x3c" * 1023)),
+        ),
+        (
+            "planes-raw-short",
+            "A raw chunk (mode 0) stores one byte fewer than the chunk's 4096.",
+            raw_chunk(SMALL_FLOATS[:-1]),
+        ),
+        (
+            "planes-zstd-not-shorter",
+            "A mode-1 chunk's zstd frame is not shorter than the chunk's 4096 bytes.",
+            b"\x01" + zstd_frame(SMALL_FLOATS),
+        ),
+    ]
+    for name, fault, chunk in faults:
+        v.broken(name, "DecodeError", fault, small_planes(chunk))
+    # Two chunks, the first stored in a few bytes, so that the entry's stored_size stays
+    # possible and only the second chunk's own length breaks the codec's bound (R9).
+    data = b"\x3c" * CHUNK + SMALL_FLOATS
+    over = good + b"\x00" * (len(SMALL_FLOATS) + 28 - len(good))
+    parts = small_planes([zstd_chunk(data[:CHUNK]), over], data)
+    v.broken(
+        "chunk-length-beyond-bound-planes",
+        "FramingError",
+        "The second planes chunk (4096 bytes) declares 4124 stored bytes, over the bound p + 27.",
+        parts,
+    )
+    flipped = bytearray(good)
+    flipped[3 + 100] ^= 0x01  # in plane 0, stored as it is
+    v.broken(
+        "planes-digest-mismatch",
+        "DigestMismatch",
+        "One byte of a plane stored as it is flipped: it decodes, and the file's sha256 differs.",
+        small_planes(bytes(flipped)),
+    )
+    zeros = bytes(8000)
+    bomb = zstd_bomb(32 << 20, 32 << 20)
+    v.broken(
+        "planes-bomb-declared",
+        "DecodeError",
+        f"A plane of 2000 bytes stored as a {len(bomb)}-byte frame that declares 32 MiB.",
+        small_planes(_planes_chunk_of(zeros, bomb), zeros),
+        bomb=True,
+    )
+    v.broken(
+        "planes-bomb-hidden",
+        "DecodeError",
+        "A plane's frame declares its 2000 bytes, but its blocks expand to 32 MiB.",
+        small_planes(_planes_chunk_of(zeros, zstd_bomb(2000, 32 << 20)), zeros),
+        bomb=True,
+    )
+
+
+def _with_plane_length(chunk: bytes, k: int, length: int) -> bytes:
+    """``chunk`` (SMALL_FLOATS, width 4, mask 0b1100) with compressed plane ``k``'s length set."""
+    assert k in (2, 3)
+    at = 3 + 2 * 1024
+    if k == 3:
+        (first,) = struct.unpack_from("<I", chunk, at)
+        at += 4 + first
+    return chunk[:at] + struct.pack("<I", length) + chunk[at + 4 :]
+
+
+def _planes_with_frame(k: int, frame: bytes) -> bytes:
+    """SMALL_FLOATS in width 4, planes 2 and 3 compressed, plane ``k``'s frame replaced."""
+    planes = [SMALL_FLOATS[j::4] for j in range(4)]
+    parts = [bytes([2, 4, 0b1100]), planes[0], planes[1]]
+    for j in (2, 3):
+        f = frame if j == k else zstd_frame(planes[j])
+        parts += [struct.pack("<I", len(f)), f]
+    return b"".join(parts)
+
+
+def _planes_chunk_of(plain: bytes, frame: bytes) -> bytes:
+    """``plain`` (uniform) in width 4, planes 0 to 2 compressed as they should be, plane 3's
+    frame replaced by ``frame``."""
+    planes = [plain[j::4] for j in range(4)]
+    parts = [bytes([2, 4, 0b1111])]
+    for j in range(4):
+        f = frame if j == 3 else zstd_frame(planes[j])
+        parts += [struct.pack("<I", len(f)), f]
+    return b"".join(parts)
 
 
 def _paths(v: Vectors) -> None:

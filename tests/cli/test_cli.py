@@ -46,12 +46,13 @@ def test_pack_verify_inspect_json(source: Path, config_file: Path, tmp_path: Pat
         "--trainer", "t=1.0", "--config", str(config_file),
         "--operational", "train.checkpoint_every",
         "--key", "dataset=abc", "--term", "cuda=12.4", "--cache-root", "/cache", "--json",
+        "--object-sha256",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     out = json.loads(proc.stdout)
-    keys = {"ok", "url", "id", "size", "sha256", "files", "bytes", "seconds", "position"}
-    assert set(out) == keys
+    keys = {"ok", "url", "id", "size", "digest", "sha256", "files", "bytes", "seconds"}
+    assert set(out) == keys | {"position"}
     assert out["ok"] is True and out["files"] == 2 and out["url"] == str(dest)
     assert out["sha256"] == hashlib.sha256(dest.read_bytes()).hexdigest()
     assert out["size"] == dest.stat().st_size
@@ -61,6 +62,7 @@ def test_pack_verify_inspect_json(source: Path, config_file: Path, tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] is True and report["id"] == out["id"] and report["bytes"] == out["bytes"]
+    assert report["digest"] == out["digest"]
 
     proc = cli("inspect", str(dest), "--json")
     assert proc.returncode == 0, proc.stderr

@@ -2,7 +2,7 @@
 would, then stay alive (a trainer goes on training) until killed or LINGER seconds pass.
 
 Prints ``ready`` once everything but the pack itself is imported (so that the kill delay
-measures the pack, not the interpreter's start), then ``published SHA256`` after the commit.
+measures the pack, not the interpreter's start), then ``published DIGEST`` after the commit.
 The head's id and time are fixed, so every pack of one source is the same bytes.
 
     python _packer.py SOURCE DEST [LINGER]
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     result = restorepoint.pack(
         source, dest, position=STEP, chunk_size=65536, rp_id=RP_ID, created=CREATED
     )
-    print("published", result.sha256, flush=True)
+    print("published", result.digest, flush=True)
     time.sleep(linger)
     return 0
 

@@ -36,16 +36,16 @@ CHUNK = 65536
 ZSTD = {"level": 3, "name": "zstd"}
 
 
-def small_object(tmp_path: Path, level: int | None) -> bytes:
+def small_object(tmp_path: Path, level: int | None, codec: str = "zstd") -> bytes:
     """A real restore point of < 3 KB, from the real writer."""
-    src = tmp_path / f"src-{level}"
+    src = tmp_path / f"src-{level}-{codec}"
     (src / "sub").mkdir(parents=True)
     if level:
         # three chunks of zeros: a multi-chunk file that still compresses to a few bytes
         (src / "big.bin").write_bytes(bytes(2 * CHUNK + 10))
     (src / "sub" / "notes.txt").write_bytes(b"hello restore point\n" * 4)
     (src / "empty").write_bytes(b"")
-    dest = tmp_path / f"small-{level}.rpt"
+    dest = tmp_path / f"small-{level}-{codec}.rpt"
     restorepoint.pack(
         src,
         str(dest),
@@ -54,6 +54,7 @@ def small_object(tmp_path: Path, level: int | None) -> bytes:
         config={"lr": 0.5, "train": {"every": 2}},
         operational_keys=["train.every"],
         level=level,
+        codec=codec,
         chunk_size=CHUNK,
         created="2026-01-01T00:00:00.000Z",
         rp_id="0123456789abcdef0123456789abcdef",
@@ -66,7 +67,11 @@ def small_object(tmp_path: Path, level: int | None) -> bytes:
 @pytest.fixture(scope="module")
 def objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     tmp = tmp_path_factory.mktemp("objects")
-    return {"zstd": small_object(tmp, 3), "none": small_object(tmp, None)}
+    return {
+        "zstd": small_object(tmp, 3),
+        "planes": small_object(tmp, 3, "auto"),
+        "none": small_object(tmp, None),
+    }
 
 
 def outcome(path: Path, data: bytes) -> str:
@@ -99,7 +104,7 @@ def test_the_untouched_objects_verify(tmp_path: Path, objects: dict[str, bytes])
 # -- every byte, every length ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["zstd", "none"])
+@pytest.mark.parametrize("kind", ["zstd", "planes", "none"])
 @pytest.mark.parametrize("mask", [0x01, 0xFF])
 def test_every_single_byte_flip_is_refused(
     tmp_path: Path, objects: dict[str, bytes], kind: str, mask: int
@@ -120,7 +125,7 @@ def test_every_single_byte_flip_is_refused(
     assert {"NotARestorePoint", "UnsupportedFormat", "DigestMismatch", "FramingError"} <= seen
 
 
-@pytest.mark.parametrize("kind", ["zstd", "none"])
+@pytest.mark.parametrize("kind", ["zstd", "planes", "none"])
 def test_every_truncation_is_truncated(
     tmp_path: Path, objects: dict[str, bytes], kind: str
 ) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import struct
 from pathlib import Path
 
 import fsspec
 import pytest
 
 import restorepoint
+import restorepoint.format
 from restorepoint import Position, Trainer
 from restorepoint.format import config_identity
 
@@ -79,7 +81,7 @@ def assert_no_partials(directory: Path) -> None:
 def test_nested_directory_round_trip(tmp_path: Path) -> None:
     files = write_tree(tmp_path / "src", nested_files())
     dest = tmp_path / "out" / "rp.rpt"
-    result = pack(tmp_path / "src", str(dest), **HEAD_FIELDS)
+    result = pack(tmp_path / "src", str(dest), object_sha256=True, **HEAD_FIELDS)
 
     data = dest.read_bytes()
     assert result.size == len(data)
@@ -93,7 +95,25 @@ def test_nested_directory_round_trip(tmp_path: Path) -> None:
     assert report.bytes == result.bytes
     assert report.size == len(data)
     assert report.manifest == result.manifest
+    assert report.digest == result.digest
     assert_no_partials(dest.parent)
+
+
+def test_the_digest_binds_head_and_index_and_costs_no_second_pass(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", nested_files())
+    dest = tmp_path / "rp.rpt"
+    result = pack(tmp_path / "src", str(dest))
+    assert result.sha256 is None  # the whole object's sha256 only on request
+    data = dest.read_bytes()
+    (head_length,) = struct.unpack_from("<I", data, 12)
+    index_offset, index_length = struct.unpack_from("<QQ", data, len(data) - 64)
+    head_sha = hashlib.sha256(data[16 : 16 + head_length]).hexdigest()
+    index_sha = hashlib.sha256(data[index_offset : index_offset + index_length]).hexdigest()
+    statement = restorepoint.format.statement(result.id, head_sha, index_sha)
+    assert result.digest == hashlib.sha256(statement).hexdigest()
+    assert restorepoint.verify(str(dest)).digest == result.digest
+    # Another pack of the same files is another restore point (id, time): another digest.
+    assert pack(tmp_path / "src", str(tmp_path / "again.rpt")).digest != result.digest
 
 
 @pytest.mark.parametrize("head_only", [True, False])
@@ -199,26 +219,39 @@ def test_chunk_boundaries(tmp_path: Path, size: int, chunks: int, level: int | N
 
 
 @pytest.mark.parametrize(
-    ("level", "codec"),
+    ("option", "level", "codec"),
     [
-        (-1, {"level": -1, "name": "zstd"}),
-        (1, {"level": 1, "name": "zstd"}),
-        (3, {"level": 3, "name": "zstd"}),
-        (None, {"name": "none"}),
-        (0, {"name": "none"}),
+        ("auto", 1, {"level": 1, "name": "planes"}),
+        ("auto", 3, {"level": 3, "name": "planes"}),
+        ("zstd", -1, {"level": -1, "name": "zstd"}),
+        ("zstd", 1, {"level": 1, "name": "zstd"}),
+        ("zstd", 3, {"level": 3, "name": "zstd"}),
+        ("auto", None, {"name": "none"}),
+        ("zstd", 0, {"name": "none"}),
+        ("none", 1, {"name": "none"}),
     ],
 )
-def test_levels_and_store_only(tmp_path: Path, level: int | None, codec: dict[str, object]) -> None:
+def test_codecs_levels_and_store_only(
+    tmp_path: Path, option: str, level: int | None, codec: dict[str, object]
+) -> None:
     files = write_tree(tmp_path / "src", nested_files())
     dest = str(tmp_path / "rp.rpt")
-    result = pack(tmp_path / "src", dest, level=level)
+    result = pack(tmp_path / "src", dest, codec=option, level=level, object_sha256=True)
     manifest = restorepoint.verify(dest).manifest
     assert manifest.payload is not None
     assert {e.path: e.codec.to_dict() for e in manifest.payload} == dict.fromkeys(files, codec)
+    assert manifest.required_features == (("planes/1",) if codec["name"] == "planes" else ())
     assert_payload_matches(manifest, files)
     data = Path(dest).read_bytes()
     assert result.sha256 == hashlib.sha256(data).hexdigest()
     assert result.size == len(data)
+
+
+def test_an_unknown_codec_option_is_a_usage_error(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", {"a": b"a"})
+    with pytest.raises(restorepoint.UsageError, match="codec must be one of"):
+        pack(tmp_path / "src", str(tmp_path / "rp.rpt"), codec="brotli")
+    assert not (tmp_path / "rp.rpt").exists()
 
 
 def test_zstd_makes_compressible_data_smaller(tmp_path: Path) -> None:
@@ -233,7 +266,7 @@ def test_zstd_makes_compressible_data_smaller(tmp_path: Path) -> None:
 def test_memory_destination_round_trip(tmp_path: Path) -> None:
     write_tree(tmp_path / "src", nested_files())
     url = f"memory://rp-tests/{secrets.token_hex(8)}/rp.rpt"
-    result = pack(tmp_path / "src", url, **HEAD_FIELDS)
+    result = pack(tmp_path / "src", url, object_sha256=True, **HEAD_FIELDS)
     data = object_bytes(url)
     assert result.url == url
     assert (result.size, result.sha256) == (len(data), hashlib.sha256(data).hexdigest())
@@ -251,7 +284,7 @@ def test_memory_destination_round_trip(tmp_path: Path) -> None:
 def test_file_url(tmp_path: Path) -> None:
     files = write_tree(tmp_path / "src", {"a/b.bin": b"b" * 70000, "c.bin": b"c"})
     url = f"file://{tmp_path}/out/rp.rpt"
-    result = pack(tmp_path / "src", url)
+    result = pack(tmp_path / "src", url, object_sha256=True)
     assert result.url == url
     data = (tmp_path / "out" / "rp.rpt").read_bytes()
     assert result.sha256 == hashlib.sha256(data).hexdigest()
@@ -264,7 +297,7 @@ def test_replacing_an_existing_restore_point(tmp_path: Path) -> None:
     write_tree(tmp_path / "one", {"a": b"first"})
     write_tree(tmp_path / "two", {"b": b"second" * 1000})
     first = pack(tmp_path / "one", str(dest), position=1)
-    second = pack(tmp_path / "two", str(dest), position=2)
+    second = pack(tmp_path / "two", str(dest), position=2, object_sha256=True)
     assert first.id != second.id
     data = dest.read_bytes()
     assert second.sha256 == hashlib.sha256(data).hexdigest()

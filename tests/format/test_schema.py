@@ -24,7 +24,14 @@ from referencing import Registry, Resource
 
 import restorepoint
 from restorepoint import Position, errors
-from restorepoint.format import Manifest, canonical_dumps, config_identity, limits
+from restorepoint.format import (
+    PLANES_FEATURE,
+    Manifest,
+    canonical_dumps,
+    config_identity,
+    limits,
+    restore_point_digest,
+)
 from restorepoint.format.manifest import ENCRYPTION_SCHEMES, KNOWN_FEATURES
 from restorepoint.testing.forge import Parts, assemble, sample_head
 from restorepoint.trust import (
@@ -107,6 +114,7 @@ def _full(tmp: Path) -> tuple[Path, dict[str, Any]]:
         "operational_keys": ["train.checkpoint_every"],
         "cache_keys": {"dataset": "sha256:" + "ab" * 32},
         "cache_root": "/scratch/cache",
+        "codec": "zstd",
         "level": 3,
     }
 
@@ -122,7 +130,7 @@ def _nested(tmp: Path) -> tuple[Path, dict[str, Any]]:
         },
     )
     (tmp / "src" / "a" / "b" / "no-files-here").mkdir()
-    return tmp / "src", {"position": Position(step=3, epoch=0), "level": 1}
+    return tmp / "src", {"position": Position(step=3, epoch=0), "codec": "auto", "level": 1}
 
 
 def _empty_dir(tmp: Path) -> tuple[Path, dict[str, Any]]:
@@ -165,6 +173,8 @@ SOURCES: dict[str, Callable[[Path], tuple[Path, dict[str, Any]]]] = {
     "encrypted-signed-zstd-two-recipients": _encrypted_signed,
     "encrypted-store-only": _encrypted_store_only,
 }
+#: The sources that pack with codec auto (the default), and so declare planes/1.
+PLANES_SOURCES = {"nested-paths-empty-file", "empty-directory"}
 
 
 def raw_parts(data: bytes) -> tuple[dict[str, Any], dict[str, Any], bytes | None]:
@@ -239,11 +249,17 @@ def test_packed_sources_cover_what_they_claim(
     manifest, dest = packed
     payload = manifest.to_dict()["payload"]
     codecs = {e["codec"]["name"] for e in payload}
-    assert codecs <= {"none", "zstd"}
-    # Encryption and its required feature go together (spec section 4), in what pack writes.
+    planes = name in PLANES_SOURCES
+    assert codecs <= ({"planes"} if planes else {"none", "zstd"})
+    assert ("zstd" in codecs) == ("-zstd" in name)
+    # Encryption and its required feature go together (spec section 4), in what pack writes;
+    # codec auto declares planes/1 in the head, before it knows whether a chunk will use it.
     encrypted = manifest.encryption is not None
     assert encrypted == name.startswith("encrypted")
-    assert manifest.required_features == (("encryption/1",) if encrypted else ())
+    expected = {"encryption/1"} if encrypted else set()
+    if planes:
+        expected.add(PLANES_FEATURE)
+    assert manifest.required_features == tuple(sorted(expected))
     if encrypted:
         assert manifest.chunk_overhead == 16
         assert manifest.encryption is not None
@@ -644,7 +660,7 @@ def test_schema_constants_equal_the_code(schema: dict[str, Any]) -> None:
     assert defs["path"]["maxLength"] == limits.MAX_PATH_BYTES
     assert defs["path"]["pattern"].endswith(f"{{0,{limits.MAX_PATH_DEPTH - 1}}}$")
     features = defs["head"]["properties"]["required_features"]["items"]["enum"]
-    assert features == sorted(KNOWN_FEATURES) == [FEATURE]
+    assert features == sorted(KNOWN_FEATURES) == [FEATURE, PLANES_FEATURE]
     assert [defs["encryption"]["properties"]["scheme"]["const"]] == sorted(ENCRYPTION_SCHEMES)
     assert defs["encryption"]["properties"]["scheme"]["const"] == SCHEME
     assert defs["signature_block"]["properties"]["payload_type"]["const"] == PAYLOAD_TYPE
@@ -769,6 +785,10 @@ def test_spec_signing_reproduces_the_code() -> None:
     )
     assert f"\n    {body.decode()}\n" in signing
     assert f"of the example object (sections 4.2 and 5), {len(body)} bytes" in signing
+    # The restore point digest of the example: the statement's sha256.
+    digest = restore_point_digest(EXAMPLE_ID, HEAD_SHA, INDEX_SHA)
+    assert digest == hashlib.sha256(body).hexdigest()
+    assert f"The digest of the example object is\n`{digest}`." in signing
     assert f"`{PAYLOAD_TYPE}`" in signing
     assert f"the {len(PAYLOAD_TYPE.encode())}-byte string" in signing
     # DSSE's PAE, built from the spec's formula.

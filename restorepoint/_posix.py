@@ -10,8 +10,11 @@ import ctypes.util
 import enum
 import errno
 import os
+import signal
 import threading
 from pathlib import Path
+
+from .errors import UsageError
 
 __all__ = [
     "Disposition",
@@ -19,8 +22,11 @@ __all__ = [
     "fsync_dir",
     "fsync_file",
     "pid_alive",
+    "preempt_signal",
     "rename_exchange",
+    "send_signal",
     "signal_disposition",
+    "signal_number",
     "started_after",
 ]
 
@@ -157,3 +163,33 @@ def signal_disposition(pid: int, signum: int) -> Disposition:
     if caught & bit:
         return Disposition.CAUGHT
     return Disposition.IGNORED if ignored & bit else Disposition.DEFAULT
+
+
+def signal_number(value: str | int) -> int:
+    """A signal given as a number or a name, with or without SIG: 15, "TERM", "SIGUSR2"."""
+    if isinstance(value, int):
+        return value
+    text = value.strip().upper()
+    if text.isdigit():
+        return int(text)
+    name = text if text.startswith("SIG") else f"SIG{text}"
+    try:
+        return int(getattr(signal, name))
+    except AttributeError:
+        raise UsageError(f"unknown signal {value!r}") from None
+
+
+def preempt_signal(value: str | int | None = None) -> int:
+    """The preemption signal: ``value``, else ``$SUBMITIT_PREEMPT_SIGNAL``, else SIGUSR2 (what
+    submitit sends by default)."""
+    if value is None:
+        value = os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "SIGUSR2"
+    return signal_number(value)
+
+
+def send_signal(pid: int, signum: int = signal.SIGUSR1) -> None:
+    """Signal a trainer that has reported itself up; one that is gone is a UsageError."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        raise UsageError(f"no trainer process {pid}") from None

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..adapters.base import Adapter, load_adapter
 from ..errors import UsageError
-from ..format import Trainer
-from ..ops import load_config
-from ..ops.gate import UNSET, Expectations, load_expectations
-from ..ops.local_view import DATA_KEY, data_digest
 from ._common import parse_pairs, parse_trainer
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..ops.gate import Expectations
 
 ExpectFile = Annotated[
     Path | None,
@@ -67,6 +66,10 @@ def command_line_view(
     data: Path | None,
 ) -> Expectations:
     """What the options say, each field named by its option."""
+    from ..format import Trainer
+    from ..ops.gate import UNSET, Expectations
+    from ..ops.local_view import DATA_KEY, data_digest
+
     parsed = parse_trainer(trainer)
     keys: dict[str, str] | None = parse_pairs(key, "--key") if key else None
     sources = {}
@@ -98,6 +101,8 @@ def chosen_adapter(name: str | None, options: list[str] | None) -> Adapter | Non
         if options:
             raise UsageError("--adapter-option needs --adapter")
         return None
+    from ..adapters.base import load_adapter
+
     return load_adapter(name, **parse_pairs(options, "--adapter-option"))
 
 
@@ -117,6 +122,9 @@ def build_views(
     override detection), and the handoff file with the options on top. The restore point must
     meet both; a field known to neither is unknown here. Without an adapter, the options are
     the view (or override the handoff's)."""
+    from ..ops import load_config
+    from ..ops.gate import load_expectations
+
     config_data = load_config(config) if config is not None else None
     options = command_line_view(trainer, term, key, cache_root, config_data, None)
     views = []

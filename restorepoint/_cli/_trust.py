@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..errors import UsageError
-from ..trust import Trust, generate, key_id, load_identity, load_public
 from ._common import print_json, run, say
+
+if TYPE_CHECKING:
+    from ..trust import Trust
 
 TrustOpt = Annotated[
     list[Path] | None,
@@ -25,9 +27,13 @@ IdentityOpt = Annotated[
 ]
 
 
-def build_trust(trusted: list[Path] | None, require: bool, identity: Path | None = None) -> Trust:
+def build_trust(
+    trusted: list[Path] | None, *, require: bool = False, identity: Path | None = None
+) -> Trust:
     """The options' trust policy; without --trust, the fleet's (``$RESTOREPOINT_TRUST``), with
     --require-signature added to it."""
+    from ..trust import Trust, load_identity, load_public
+
     key = load_identity(identity) if identity is not None else None
     if not trusted:
         fleet = Trust.from_environment(identity=key)
@@ -51,6 +57,8 @@ def keygen_command(
     """Write a new key pair: OUT (private, mode 0600) and OUT.pub."""
 
     def body() -> None:
+        from ..trust import generate, key_id, load_public
+
         if kind == "signing":
             private, public = generate(out, "signing")
             kid = key_id(load_public(public, "signing").raw)

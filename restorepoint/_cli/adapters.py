@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from ..adapters.base import available_adapters
 from ._common import print_json, run, say
 
 
@@ -16,6 +15,8 @@ def adapters_command(
     """The installed trainer adapters (entry-point group restorepoint.adapters)."""
 
     def body() -> None:
+        from ..adapters.base import available_adapters
+
         infos = available_adapters()
         if json_:
             print_json({"adapters": [i.to_dict() for i in infos], "ok": True})

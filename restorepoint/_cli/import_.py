@@ -11,7 +11,6 @@ from typing import Annotated
 import typer
 
 from ..errors import UsageError
-from ..ops import check, import_restore_point
 from ._common import human_bytes, print_json, progress_bar, run, say, show_progress, warn
 from ._expect import (
     AdapterOpt,
@@ -77,6 +76,8 @@ def import_command(
     """Check a restore point against this machine, then verify and unpack it into DEST."""
 
     def body() -> None:
+        from ..ops import import_restore_point
+
         if exec_ and adapter is None:
             raise UsageError("--exec needs --adapter")
         chosen = chosen_adapter(adapter, adapter_option)
@@ -102,7 +103,7 @@ def import_command(
                 force=force,
                 progress=advance,
                 on_start=on_start,
-                trust=build_trust(trusted, require_signature, identity),
+                trust=build_trust(trusted, require=require_signature, identity=identity),
             )
         if not result.gated and not no_gate:
             warn(
@@ -163,6 +164,8 @@ def check_command(
     it records must match a value known here (detected by --adapter, or given)."""
 
     def body() -> None:
+        from ..ops import check
+
         views = build_views(
             adapter=chosen_adapter(adapter, adapter_option), expect_file=expect,
             trainer=trainer, term=term, key=key, cache_root=cache_root, config=config,
@@ -172,7 +175,7 @@ def check_command(
             target(url, use_latest, run_id),
             views,
             strict=True,
-            trust=build_trust(trusted, require_signature),
+            trust=build_trust(trusted, require=require_signature),
         )
         if json_:
             print_json(result.to_dict())

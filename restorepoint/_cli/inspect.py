@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .._text import printable
-from ..format import Manifest
-from ..ops import read_manifest
 from ._common import human_bytes, print_json, run, say
 from .store import LatestOpt, RunOpt, target
+
+if TYPE_CHECKING:
+    from ..format import Manifest
 
 
 def inspect_command(
@@ -25,6 +26,8 @@ def inspect_command(
     """Show a restore point's manifest without reading its payload."""
 
     def body() -> None:
+        from ..ops import read_manifest
+
         chosen = target(url, use_latest, run_id)
         manifest = read_manifest(chosen, head_only=head)
         if json_:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..format import Trainer, config_identity
-from ..ops.gate import FIELDS, Expectations
 from ._common import print_json, run, say
 from ._expect import (
     AdapterOpt,
@@ -25,11 +23,17 @@ from ._expect import (
 )
 from .import_ import CommandArg
 
+if TYPE_CHECKING:
+    from ..ops.gate import Expectations
+
 
 def describe_view(view: Expectations) -> list[dict[str, Any]]:
     """Each gate field: known (its value and where it came from) or unknown here. A config is
     shown by its identity (without operational keys: the gate computes it with the restore
     point's own)."""
+    from ..format import Trainer, config_identity
+    from ..ops.gate import FIELDS
+
     out: list[dict[str, Any]] = []
     for name in FIELDS:
         if not view.knows(name):

@@ -7,12 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..adapters.base import load_adapter
 from ..errors import UsageError
-from ..format import Position
-from ..ops import load_config
-from ..ops.publish import HeadSpec, PackOptions, publish
-from ..trust import load_public, load_signing_key
 from ._common import (
     error_line,
     human_bytes,
@@ -111,6 +106,11 @@ def pack_command(
     """Pack a checkpoint into a restore point, published atomically at DEST."""
 
     def body() -> None:
+        from ..format import Position
+        from ..ops import load_config
+        from ..ops.publish import HeadSpec, PackOptions, publish
+        from ..trust import load_public, load_signing_key
+
         if batch is not None and epoch is None:
             raise UsageError("--batch needs --epoch")
         config_data = load_config(config) if config is not None else None
@@ -119,6 +119,8 @@ def pack_command(
         include = None
         source_dir = source
         if adapter is not None:
+            from ..adapters.base import load_adapter
+
             chosen = load_adapter(adapter, **parse_pairs(adapter_option, "--adapter-option"))
             snap = chosen.newest_snapshot(source)
             if snap is None:

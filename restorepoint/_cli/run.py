@@ -5,19 +5,11 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..adapters.base import Adapter
 from ..errors import UsageError
-from ..format import Position
-from ..ops import load_config
-from ..ops.gate import FIELDS, Expectations
-from ..ops.publish import HeadSpec
-from ..preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry
-from ..preempt.supervisor import publishes_itself
-from ..preempt.watchers import AWS_ENDPOINT, GCP_ENDPOINT, Watcher
 from ._common import print_json, run, say, warn
 from ._expect import (
     AdapterOpt,
@@ -34,6 +26,12 @@ from ._expect import (
     command_line_view,
 )
 from ._trust import RequireOpt, TrustOpt, build_trust
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..ops.gate import Expectations
+    from ..ops.publish import HeadSpec
+    from ..preempt.watchers import Watcher
 
 
 def run_command(
@@ -111,6 +109,10 @@ def run_command(
     (exit 3, the trainer not started, when refused)."""
 
     def body() -> None:
+        from ..preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry
+        from ..preempt.supervisor import publishes_itself
+        from ..preempt.watchers import AWS_ENDPOINT, GCP_ENDPOINT
+
         if resume_from and auto_resume:
             raise UsageError("--resume-from and --auto-resume exclude each other")
         if no_gate and not force:
@@ -165,7 +167,7 @@ def run_command(
             defer=defer,
             gate=not no_gate,
             accept_older=accept_older,
-            trust=build_trust(trusted, require_signature),
+            trust=build_trust(trusted, require=require_signature),
             signing_key=str(sign) if sign is not None else None,
             head=head,
             keep_last=keep_last,
@@ -194,6 +196,9 @@ def _external_run(
     terms, the cache keys of the config and of the data the command names, the cache root),
     the options on top."""
     from ..adapters.external import ExternalAdapter
+    from ..format import Position
+    from ..ops import load_config
+    from ..ops.publish import HeadSpec
 
     if not isinstance(adapter, ExternalAdapter):
         raise UsageError(f"the {adapter.name} adapter does not run external trainers")
@@ -231,6 +236,9 @@ def _resume_views(
     supervisor: the supervisor compares the torch terms it detects and what the options
     give, and defers the fields it does not know to the trainer, which compares everything
     before it trains. Any other trainer is gated here, in full, before it is started."""
+    from ..ops.gate import FIELDS, Expectations
+    from ..preempt.supervisor import publishes_itself
+
     if not publishes_itself(adapter):
         views = build_views(
             adapter=adapter, expect_file=expect, trainer=trainer, term=term, key=key,

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from ..slurm import render
 from ._common import parse_pairs, run
 
 
@@ -27,6 +26,8 @@ def slurm_template_command(
     """Print an sbatch script that implements the requeue-on-42 contract (docs/slurm.md)."""
 
     def body() -> None:
+        from ..slurm import render
+
         typer.echo(
             render(
                 trainer,

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from ..errors import UsageError
-from ..ops.store import DEFAULT_GRACE_S, latest, list_store, prune
 from ._common import human_bytes, print_json, run, say
 from ._trust import IdentityOpt, TrustOpt, build_trust
 
@@ -21,6 +20,8 @@ LatestOpt = Annotated[
 def target(url: str, use_latest: bool, run_id: str | None) -> str:
     """The restore point a reading verb works on: URL itself, or the store's newest."""
     if use_latest:
+        from ..ops.store import latest
+
         return latest(url, run=run_id).url
     if run_id is not None:
         raise UsageError("--run goes with --latest (or with list, latest and prune)")
@@ -35,6 +36,8 @@ def list_command(
     """The restore points in a store, newest first (per run)."""
 
     def body() -> None:
+        from ..ops.store import list_store
+
         entries = list_store(store, run=run_id)
         if json_:
             print_json(
@@ -64,8 +67,10 @@ def latest_command(
     that verifies end to end."""
 
     def body() -> None:
+        from ..ops.store import latest
+
         entry = latest(
-            store, run=run_id, verify_it=verify_it, trust=build_trust(trusted, False, identity)
+            store, run=run_id, verify_it=verify_it, trust=build_trust(trusted, identity=identity)
         )
         if json_:
             print_json({"ok": True, **entry.to_dict()})
@@ -90,11 +95,12 @@ def prune_command(
     ] = None,
     run_id: RunOpt = None,
     grace: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Leave leftovers of uploads younger than this alone (longer than any upload)."
+            help="Leave leftovers of uploads younger than this alone (longer than any upload; "
+            "default 24h)."
         ),
-    ] = f"{DEFAULT_GRACE_S // 3600}h",
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would go and why the rest stays.")
     ] = False,
@@ -106,6 +112,8 @@ def prune_command(
     newest that verifies, nor anything newer), and leftovers of interrupted uploads."""
 
     def body() -> None:
+        from ..ops.store import DEFAULT_GRACE_S, prune
+
         report = prune(
             store,
             keep_last=keep_last,
@@ -113,8 +121,8 @@ def prune_command(
             keep_within=keep_within,
             run=run_id,
             dry_run=dry_run,
-            grace=grace,
-            trust=build_trust(trusted, False, identity),
+            grace=DEFAULT_GRACE_S if grace is None else grace,
+            trust=build_trust(trusted, identity=identity),
         )
         if json_:
             print_json(report.to_dict())

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from ..ops import verify
 from ._common import human_bytes, print_json, progress_bar, run, say, show_progress
 from ._trust import IdentityOpt, RequireOpt, TrustOpt, build_trust
 from .store import LatestOpt, RunOpt, target
@@ -24,12 +23,14 @@ def verify_command(
     """Verify a restore point end to end: structure, manifest, every payload digest."""
 
     def body() -> None:
+        from ..ops import verify
+
         with progress_bar(show_progress(json_), "verifying") as (on_start, advance):
             report = verify(
                 target(url, use_latest, run_id),
                 progress=advance,
                 on_start=on_start,
-                trust=build_trust(trusted, require_signature, identity),
+                trust=build_trust(trusted, require=require_signature, identity=identity),
             )
         if json_:
             print_json(report.to_dict())

@@ -9,14 +9,13 @@ the installed ones.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from .._posix import preempt_signal, send_signal, signal_number
 from ..errors import MissingExtra, UsageError
 from ..format import Manifest, Position
 from ..ops.gate import Expectations
@@ -30,6 +29,7 @@ __all__ = [
     "available_adapters",
     "load_adapter",
     "preempt_signal",
+    "send_signal",
     "signal_number",
 ]
 
@@ -101,36 +101,6 @@ class Adapter(Protocol):
         adapter cannot know is left UNSET (the gate then refuses it as unknown here). Each
         known field names its source."""
         ...
-
-
-def signal_number(value: str | int) -> int:
-    """A signal given as a number or a name, with or without SIG: 15, "TERM", "SIGUSR2"."""
-    if isinstance(value, int):
-        return value
-    text = value.strip().upper()
-    if text.isdigit():
-        return int(text)
-    name = text if text.startswith("SIG") else f"SIG{text}"
-    try:
-        return int(getattr(signal, name))
-    except AttributeError:
-        raise UsageError(f"unknown signal {value!r}") from None
-
-
-def preempt_signal(value: str | int | None = None) -> int:
-    """The preemption signal: ``value``, else ``$SUBMITIT_PREEMPT_SIGNAL``, else SIGUSR2 (what
-    submitit sends by default)."""
-    if value is None:
-        value = os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "SIGUSR2"
-    return signal_number(value)
-
-
-def send_signal(pid: int, signum: int = signal.SIGUSR1) -> None:
-    """Signal a trainer that has reported itself up; one that is gone is a UsageError."""
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        raise UsageError(f"no trainer process {pid}") from None
 
 
 @dataclass(frozen=True)

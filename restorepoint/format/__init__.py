@@ -7,7 +7,6 @@ stream that the caller supplies."""
 from __future__ import annotations
 
 from ._json import CanonicalizationError, canonical_dumps, strict_loads
-from ._layout import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION, MAGIC
 from .codecs import (
     PLANES_FEATURE,
     Codec,
@@ -18,6 +17,7 @@ from .codecs import (
     register_codec,
 )
 from .identity import ConfigDifference, config_identity, diff_configs, identity_view
+from .layout import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION, MAGIC
 from .manifest import KNOWN_FEATURES, Entry, Manifest, Position, Producer, Trainer
 from .paths import check_path, check_paths, fold
 from .reader import (

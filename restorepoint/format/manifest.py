@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import LimitExceeded, MalformedManifest, UnsupportedFormat
-from ._layout import FORMAT_VERSION
 from .codecs import PLANES_FEATURE, Codec, codec_from_dict
 from .identity import check_operational_key, config_identity
+from .layout import FORMAT_VERSION
 from .limits import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN, MAX_ENTRIES, MAX_SAFE_INTEGER
 from .paths import check_paths
 

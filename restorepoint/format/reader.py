@@ -31,9 +31,9 @@ from ..errors import (
     UnsupportedFormat,
 )
 from ._json import strict_loads
-from ._layout import CHUNK_HEADER, DIGEST_SIZE, END_MAGIC, FOOTER, FORMAT_MAJOR, MAGIC, PREAMBLE
 from ._pipeline import Budget, HashLane, Ticket
 from .codecs import Decoded
+from .layout import CHUNK_HEADER, DIGEST_SIZE, END_MAGIC, FOOTER, FORMAT_MAJOR, MAGIC, PREAMBLE
 from .limits import GATE_PREFIX_MAX, MAX_HEAD_BYTES, MAX_INDEX_BYTES, MAX_SIGNATURE_BYTES
 from .manifest import Entry, Manifest
 

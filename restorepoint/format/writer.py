@@ -23,9 +23,9 @@ from typing import BinaryIO, Protocol
 
 from ..errors import IntegrityError, SourceError
 from ._json import canonical_dumps, strict_loads
-from ._layout import CHUNK_HEADER, END_MAGIC, FOOTER, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, PREAMBLE
 from ._pipeline import Budget, HashLane, Ticket
 from .codecs import Codec, NoneCodec
+from .layout import CHUNK_HEADER, END_MAGIC, FOOTER, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, PREAMBLE
 from .limits import (
     MAX_ENTRIES,
     MAX_HEAD_BYTES,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ._config import check_json_data, load_config
+from ._naming import entry_name
+from ._open import open_head, open_manifest
 from .gate import (
     CheckResult,
     Expectations,
@@ -12,7 +14,9 @@ from .gate import (
     load_expectations,
     write_handoff,
 )
-from .pack import DEFAULT_LEVEL, PackResult, describe, pack
+from .pack import DEFAULT_LEVEL, PackResult, describe, pack, pack_spec
+from .publish import PublishResult, publish
+from .spec import HeadSpec, PackOptions
 from .store import PruneReport, StoreEntry, latest, list_store, prune
 from .unpack import ImportResult, import_restore_point
 from .verify import VerifyReport, read_head_of, read_manifest, verify
@@ -21,23 +25,31 @@ __all__ = [
     "DEFAULT_LEVEL",
     "CheckResult",
     "Expectations",
+    "HeadSpec",
     "ImportResult",
     "Mismatch",
+    "PackOptions",
     "PackResult",
     "PruneReport",
+    "PublishResult",
     "StoreEntry",
     "VerifyReport",
     "check",
     "check_json_data",
     "describe",
+    "entry_name",
     "handoff_document",
     "import_restore_point",
     "latest",
     "list_store",
     "load_config",
     "load_expectations",
+    "open_head",
+    "open_manifest",
     "pack",
+    "pack_spec",
     "prune",
+    "publish",
     "read_head_of",
     "read_manifest",
     "verify",

@@ -9,8 +9,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import ConfigError, NotFound
 from ..format.limits import MAX_JSON_DEPTH
 
@@ -25,6 +23,8 @@ __all__ = ["check_json_data", "load_config"]
 def load_config(path: str | Path) -> dict[str, Any]:
     """Parse a config file by its suffix (.json, .yaml/.yml, .toml; anything else is tried as
     JSON, then YAML). The top level must be a mapping of JSON-representable values."""
+    import yaml  # here: a verb without --config does not pay for it
+
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

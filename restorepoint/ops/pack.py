@@ -9,51 +9,53 @@ name is untouched.
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from .._version import __version__
-from ..errors import ConfigError, IntegrityError, SourceError, UsageError, at_url
+from ..errors import SourceError, UsageError, at_url
 from ..format import (
-    CanonicalizationError,
     Codec,
     Manifest,
     NoneCodec,
     PlanesCodec,
     Position,
-    Producer,
     Trainer,
     Writer,
     Written,
     ZstdCodec,
-    canonical_dumps,
-    config_identity,
-    strict_loads,
 )
-from ..format.identity import check_operational_key
-from ..format.limits import CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CHUNK_SIZE_MIN
-from ..format.manifest import ENCRYPTION_FEATURE, RUN_PATTERN
+from ..format.limits import CHUNK_SIZE_DEFAULT
+from ..format.manifest import ENCRYPTION_FEATURE
 from ..storage import Location, resolve
 from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
-from ._config import check_json_data
 from ._naming import entry_name, is_store_url
 from ._source import SourceFile, list_source
+from .spec import (
+    CODECS,
+    DEFAULT_CODEC,
+    DEFAULT_LEVEL,
+    HeadSpec,
+    PackOptions,
+    default_run,
+    describe,
+)
 
-__all__ = ["CODECS", "DEFAULT_CODEC", "DEFAULT_LEVEL", "PackResult", "describe", "pack"]
-
-#: zstd level 1: ~1 GB/s per core on float32 tensors; higher levels buy almost nothing on
-#: weights (which are close to random) at a large cost in time.
-DEFAULT_LEVEL = 1
-#: What ``codec=`` accepts: ``auto`` chooses chunk by chunk (codec planes: as is, zstd, or byte
-#: planes), ``zstd`` compresses every chunk whole, ``none`` stores the payload as it is.
-CODECS = ("auto", "zstd", "none")
-DEFAULT_CODEC = "auto"
+__all__ = [
+    "CODECS",
+    "DEFAULT_CODEC",
+    "DEFAULT_LEVEL",
+    "HeadSpec",
+    "PackOptions",
+    "PackResult",
+    "default_run",
+    "describe",
+    "pack",
+    "pack_spec",
+]
 
 
 @dataclass(frozen=True)
@@ -104,100 +106,6 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def default_run(identity: str) -> str:
-    """The run id of a config: what is trained, so a resubmitted job finds its own run."""
-    return f"cfg-{identity[:16]}"
-
-
-def describe(
-    *,
-    position: Position | int,
-    trainer: Trainer | Sequence[str] | None = None,
-    terms: Mapping[str, str] | None = None,
-    config: Mapping[str, Any] | None = None,
-    operational_keys: Iterable[str] = (),
-    cache_keys: Mapping[str, str] | None = None,
-    cache_root: str | None = None,
-    chunk_size: int = CHUNK_SIZE_DEFAULT,
-    created: str | None = None,
-    rp_id: str | None = None,
-    run: str | None = None,
-) -> Manifest:
-    """The head of a new restore point, validated exactly as a reader would validate it:
-    whatever the caller passes, a bad value is a UsageError here, before anything is written."""
-    try:
-        if not isinstance(position, Position):
-            position = Position(step=position)
-        if trainer is not None and not isinstance(trainer, Trainer):
-            name, version = trainer
-            trainer = Trainer(name, version)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"bad position or trainer ({exc})") from None
-    operational = sorted(set(operational_keys))
-    try:
-        for key in operational:
-            check_operational_key(key)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    identity = None
-    if config is not None:
-        if not isinstance(config, Mapping):
-            raise ConfigError("the config must be a mapping")
-        config = check_json_data(config)
-        try:
-            identity = config_identity(config, operational)
-        except CanonicalizationError as exc:
-            raise ConfigError(f"config is not JSON data ({exc})") from None
-    for name, mapping in (("version term", terms or {}), ("cache key", cache_keys or {})):
-        for key, value in mapping.items():
-            if not isinstance(key, str) or not key or not isinstance(value, str):
-                raise UsageError(f"a {name} needs a non-empty name and a string value")
-    if trainer is not None and not (
-        isinstance(trainer.name, str) and trainer.name and isinstance(trainer.version, str)
-    ):
-        raise UsageError("a trainer needs a name and a version, both strings")
-    if cache_root is not None and not isinstance(cache_root, str):
-        raise UsageError("the cache root must be a string")
-    if run is None and identity is not None:
-        run = default_run(identity)
-    if run is not None and (not isinstance(run, str) or not RUN_PATTERN.fullmatch(run)):
-        raise UsageError(
-            f"run {run!r} must be 1 to 64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    if (
-        not isinstance(chunk_size, int)
-        or isinstance(chunk_size, bool)
-        or not CHUNK_SIZE_MIN <= chunk_size <= CHUNK_SIZE_MAX
-        or chunk_size & (chunk_size - 1)
-    ):
-        raise UsageError("chunk size must be a power of two from 64 KiB to 64 MiB")
-    if created is None:
-        now = datetime.now(timezone.utc)
-        created = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
-    head = Manifest(
-        id=rp_id or secrets.token_hex(16),
-        created=created,
-        producer=Producer("restorepoint", __version__),
-        position=position,
-        chunk_size=chunk_size,
-        trainer=trainer,
-        terms=dict(terms or {}),
-        config=config,
-        config_identity=identity,
-        operational_keys=tuple(operational),
-        cache_keys=dict(cache_keys or {}),
-        cache_root=cache_root,
-        run=run,
-    )
-    # The reader's own checks (id and time formats, depth, number domain) on the exact bytes.
-    try:
-        Manifest.from_head_dict(strict_loads(canonical_dumps(head.head_dict()), "head"))
-    except (IntegrityError, CanonicalizationError) as exc:
-        raise UsageError(f"the restore point would not be readable: {exc}") from None
-    return head
-
-
 def pack(
     source: str | os.PathLike[str],
     dest: str | Location,
@@ -241,20 +149,57 @@ def pack(
     store the payload uncompressed). ``object_sha256`` also hashes the whole object (a second
     pass over its bytes) for ``PackResult.sha256``. ``progress`` is called with each number of
     source bytes read; ``on_start`` once with the total."""
-    started = time.perf_counter()
-    head = describe(
+    spec = HeadSpec(
         position=position,
         trainer=trainer,
-        terms=terms,
+        terms=dict(terms or {}),
         config=config,
-        operational_keys=operational_keys,
-        cache_keys=cache_keys,
+        operational_keys=tuple(operational_keys),
+        cache_keys=dict(cache_keys or {}),
         cache_root=cache_root,
-        chunk_size=chunk_size,
+        run=run,
         created=created,
         rp_id=rp_id,
-        run=run,
     )
+    options = PackOptions(
+        level=level,
+        codec=codec,
+        object_sha256=object_sha256,
+        chunk_size=chunk_size,
+        threads=threads,
+        sign=tuple(sign),
+        encrypt_to=tuple(encrypt_to),
+        storage_options=storage_options,
+    )
+    return pack_spec(
+        source,
+        dest,
+        spec,
+        options,
+        into_store=into_store,
+        include=include,
+        progress=progress,
+        on_start=on_start,
+    )
+
+
+def pack_spec(
+    source: str | os.PathLike[str],
+    dest: str | Location,
+    spec: HeadSpec,
+    options: PackOptions = PackOptions(),
+    *,
+    into_store: bool | None = None,
+    include: Sequence[str] | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> PackResult:
+    """``pack`` with the head and the options as values (what ``publish`` and every
+    integration call): the head was validated when ``spec`` was made; each call writes a
+    restore point of its own (a fresh id and time, unless the spec fixes them)."""
+    started = time.perf_counter()
+    head = replace(spec.head(), chunk_size=options.chunk_size)
+    codec, level, sign, encrypt_to = options.codec, options.level, options.sign, options.encrypt_to
     chosen = choose_codec(codec, level)
     if chosen.feature is not None:
         head = replace(
@@ -284,7 +229,7 @@ def pack(
             return signature_block(statement(rp_id, head_sha256, index_sha256), keys)
 
     store = is_store_url(dest) if into_store is None else into_store
-    location = resolve(dest, storage_options)
+    location = resolve(dest, options.storage_options)
     if store:
         location = location.join(entry_name(head))
     with at_url(location.url):
@@ -294,12 +239,12 @@ def pack(
             chosen,
             files,
             total,
-            threads,
+            options.threads,
             progress,
             create_only=store,
             cipher=cipher,
             signer=signer,
-            object_sha256=object_sha256,
+            object_sha256=options.object_sha256,
         )
     return PackResult(
         url=location.url,

@@ -47,10 +47,9 @@ from typing import Any
 
 import torch
 
-from .._posix import atomic_write
+from .._posix import atomic_write, signal_number
 from .._text import printable
 from .._version import __version__
-from ..adapters.base import signal_number
 from ..errors import IncompatibleRestorePoint, NotFound, RestorePointError, UsageError
 from ..format import Position, Trainer, config_identity, diff_configs
 from ..ops import Expectations, check_json_data, latest, load_config

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
-from ..adapters.base import preempt_signal
+from .._posix import preempt_signal
 
 __all__ = ["SignalFlags", "default_stop_signals", "ignore_in_worker", "signal_name"]
 

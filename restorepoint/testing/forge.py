@@ -26,8 +26,10 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from ..format._json import canonical_dumps
-from ..format._layout import (
+from ..format import canonical_dumps
+from ..format.codecs import codec_from_dict
+from ..format.identity import config_identity
+from ..format.layout import (
     CHUNK_HEADER,
     END_MAGIC,
     FOOTER,
@@ -37,8 +39,6 @@ from ..format._layout import (
     MAGIC,
     PREAMBLE,
 )
-from ..format.codecs import codec_from_dict
-from ..format.identity import config_identity
 from ..format.manifest import ENCRYPTION_FEATURE
 from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
 

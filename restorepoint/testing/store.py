@@ -1,4 +1,6 @@
-"""The storage conformance suite: one base class of tests, run against every backend.
+"""The storage conformance suites, run against every backend: ``LocationConformance`` (a
+backend's own guarantees: publish, read, list) and ``StoreConformance`` built on it (a store
+of restore points on that backend: list, latest, prune, concurrent publishers, the CLI).
 
 In the style of zarr-python's ``testing/store.py`` and fsspec's ``tests/abstract``: a backend's
 test module holds a small subclass (named ``Test...`` so that pytest collects it) that provides
@@ -13,7 +15,7 @@ test module holds a small subclass (named ``Test...`` so that pytest collects it
 Every test asserts something. A test of an ability the backend does not declare in its
 ``Abilities`` is skipped with the reason, never passed silently::
 
-    class TestMyStore(StoreConformance):
+    class TestMyStore(StoreConformance):   # or LocationConformance: the backend alone
         @pytest.fixture
         def base_url(self, tmp_path): ...
 
@@ -55,6 +57,7 @@ from ..storage import FsspecLocation, Location, is_partial_name, partial_name, r
 
 __all__ = [
     "STORE_NAME",
+    "LocationConformance",
     "StoreConformance",
     "checkpoint",
     "dead_pid",
@@ -109,8 +112,10 @@ def dead_pid() -> int:
     return child.pid
 
 
-class StoreConformance:
-    """The tests every store must pass. Subclass it; see the module docstring."""
+class LocationConformance:
+    """The tests every storage backend must pass: publish (atomic, create-only where
+    declared), read back in ranges and streams, listing without stale caches. Subclass it for
+    a backend (see the module docstring); ``StoreConformance`` adds the store on top."""
 
     #: How many bytes the tests of a publish in progress write before they look at the store.
     #: A backend that buffers (S3's multipart parts) sets it past its buffer, so that bytes
@@ -121,26 +126,11 @@ class StoreConformance:
 
     @pytest.fixture
     def base_url(self) -> str:
-        raise NotImplementedError("a StoreConformance subclass provides the base_url fixture")
+        raise NotImplementedError("a conformance subclass provides the base_url fixture")
 
     @pytest.fixture
     def storage_options(self) -> dict[str, Any]:
         return {}
-
-    @pytest.fixture
-    def store_env(self, base_url: str, storage_options: dict[str, Any]) -> dict[str, str] | None:
-        """The environment in which a subprocess reaches the store, or None where no other
-        process can (see the module docstring)."""
-        protocol = _backend(self.location(base_url, storage_options))
-        if protocol == "memory":
-            return None
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FSSPEC_")}
-        if storage_options:
-            try:
-                env[f"FSSPEC_{protocol.upper()}"] = json.dumps(storage_options)
-            except TypeError:
-                return None
-        return env
 
     def raw_get(self, url: str) -> bytes:
         raise NotImplementedError
@@ -401,7 +391,26 @@ class StoreConformance:
         finally:
             reader.close()
 
-    # -- stores -----------------------------------------------------------------------------
+
+class StoreConformance(LocationConformance):
+    """The location suite, and the store on top of it: restore points packed into
+    ``BASE/store/``, listed, chosen, pruned, by two publishers at once and through the CLI in
+    another process. Subclass it for a backend that holds stores (every built-in one does)."""
+
+    @pytest.fixture
+    def store_env(self, base_url: str, storage_options: dict[str, Any]) -> dict[str, str] | None:
+        """The environment in which a subprocess reaches the store, or None where no other
+        process can (see the module docstring)."""
+        protocol = _backend(self.location(base_url, storage_options))
+        if protocol == "memory":
+            return None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FSSPEC_")}
+        if storage_options:
+            try:
+                env[f"FSSPEC_{protocol.upper()}"] = json.dumps(storage_options)
+            except TypeError:
+                return None
+        return env
 
     def store_names(self, store_url: str, run: str | None = None) -> list[str]:
         """The restore-point names really in the store (of ``run``), sorted."""

@@ -44,16 +44,20 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 import restorepoint  # noqa: E402
 from restorepoint import errors  # noqa: E402
-from restorepoint.format import PayloadDecoder, read_manifest  # noqa: E402
-from restorepoint.format._json import canonical_dumps  # noqa: E402
+from restorepoint.format import (  # noqa: E402
+    PayloadDecoder,
+    canonical_dumps,
+    read_manifest,
+)
 from restorepoint.format.identity import config_identity  # noqa: E402
 from restorepoint.format.limits import MAX_HEAD_BYTES, MAX_INDEX_BYTES, zstd_bound  # noqa: E402
-from restorepoint.ops._open import Trust, open_manifest  # noqa: E402
+from restorepoint.ops import open_manifest  # noqa: E402
 from restorepoint.ops.gate import handoff_document, load_expectations  # noqa: E402
 from restorepoint.testing.forge import ForgedEntry, Parts, assemble, encrypt  # noqa: E402
 from restorepoint.trust import (  # noqa: E402
     PAYLOAD_TYPE,
     PublicKey,
+    Trust,
     load_identity,
     load_public,
     pae,

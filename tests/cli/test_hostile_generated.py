@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import restorepoint
 from restorepoint.format import canonical_dumps, config_identity
-from restorepoint.format._layout import FOOTER
+from restorepoint.format.layout import FOOTER
 from restorepoint.testing.forge import (
     HOSTILE_PATHS,
     HOSTILE_STRINGS,

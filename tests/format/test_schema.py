@@ -668,7 +668,7 @@ def test_schema_constants_equal_the_code(schema: dict[str, Any]) -> None:
 
 
 def test_spec_byte_values_and_identity_examples_equal_the_code() -> None:
-    from restorepoint.format import _layout
+    from restorepoint.format import layout as _layout
 
     text = spec_text()
     layout = section(text, "Byte layout")

@@ -15,7 +15,8 @@ import pytest
 import restorepoint
 from restorepoint import AlreadyExists, NotFound, UsageError, config_identity
 from restorepoint.format import read_head
-from restorepoint.ops._naming import NAME_PATTERN, entry_name
+from restorepoint.ops import entry_name
+from restorepoint.ops._naming import NAME_PATTERN
 from restorepoint.ops.publish import HeadSpec, PackOptions
 from restorepoint.ops.publish import publish as publish_ops
 from restorepoint.ops.store import (

@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import restorepoint
 from restorepoint import NotFound
 from restorepoint.format import read_head
-from restorepoint.ops._naming import entry_name
+from restorepoint.ops import entry_name
 from restorepoint.ops.store import latest, list_store, prune
 from restorepoint.storage import resolve
 

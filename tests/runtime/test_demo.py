@@ -4,6 +4,7 @@ torch and without."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,30 @@ def test_demo_without_torch_is_one_line_exit_2(json_flag: bool) -> None:
     if json_flag:
         error = json.loads(proc.stdout)["error"]
         assert error["exit_code"] == 2
+
+
+def test_demo_without_numpy_prints_no_warning(tmp_path: Path) -> None:
+    """torch's CPU wheel without numpy warns at import ("Failed to initialize NumPy"): the
+    README's first command must not show a newcomer a warning they cannot act on. numpy is
+    made unimportable in the children only, as on a machine without it."""
+    blocker = tmp_path / "no-numpy" / "numpy"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker.parent), *sys.path])}
+    # The warning is really there without restorepoint: torch imported alone shows it.
+    alone = subprocess.run(
+        [sys.executable, "-c", "import torch"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert "Failed to initialize NumPy" in alone.stderr
+    proc = cli("demo", "--seed", "3", "--workdir", str(tmp_path / "demo"), env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert "bitwise identical to the uninterrupted run: yes" in proc.stdout
+    runtime = subprocess.run(
+        [sys.executable, "-c", "import restorepoint.torch"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert runtime.returncode == 0 and runtime.stderr == ""

@@ -209,7 +209,10 @@ def test_status_and_events_contents(tmp_path: Path) -> None:
     assert set(by_kind) == {"snapshot", "uploaded", "graceful_shutdown"}
     assert [e["step"] for e in by_kind["snapshot"]] == [4, 6]
     assert all(e["pause_s"] >= 0 for e in by_kind["snapshot"])
-    assert [e["step"] for e in by_kind["uploaded"]] == [4, 6]
+    # The worker runs at nice 19: on a loaded machine it may not have taken step 4's snapshot
+    # before step 6's arrives, which then replaces it (coalesced, as designed). The last one
+    # is always published before the exit.
+    assert [e["step"] for e in by_kind["uploaded"]] in ([4, 6], [6])
     assert all(e["bytes"] > 0 and e["seconds"] >= 0 for e in by_kind["uploaded"])
     (shutdown,) = by_kind["graceful_shutdown"]
     assert shutdown == {

@@ -137,7 +137,7 @@ def test_what_storage_libraries_log_stays_off_the_terminal(debug: bool) -> None:
     # network: the verb's call logs as gcsfs does, then fails as the storage does.
     code = (
         "import logging\n"
-        "import restorepoint._cli.verify as verb\n"
+        "import restorepoint.ops as ops\n"
         "from restorepoint.errors import StorageUnavailable\n"
         "def failing(url, **kw):\n"
         "    try:\n"
@@ -145,7 +145,7 @@ def test_what_storage_libraries_log_stays_off_the_terminal(debug: bool) -> None:
         "    except ConnectionError:\n"
         "        logging.getLogger('gcsfs').exception('_request out of retries on exception')\n"
         "    raise StorageUnavailable('storage unreachable or failing', url=url)\n"
-        "verb.verify = failing\n"
+        "ops.verify = failing  # what the verb calls\n"
         "from restorepoint._cli import main\n"
         "main(['verify', 'gs://b/x.rp'])\n"
     )

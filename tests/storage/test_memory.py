@@ -10,7 +10,7 @@ import fsspec
 import pytest
 
 from restorepoint.storage import Abilities, resolve
-from restorepoint.testing.store import StoreConformance
+from restorepoint.testing.store import LocationConformance, StoreConformance
 
 
 def _memory() -> fsspec.AbstractFileSystem:
@@ -48,3 +48,13 @@ class TestMemoryStore(StoreConformance):
 def test_memory_location_declares_no_atomic_ability() -> None:
     abilities = resolve("memory://rp-store-abilities/x.rp").abilities
     assert abilities == Abilities()
+
+
+def test_the_location_suite_stands_alone_and_the_store_suite_builds_on_it() -> None:
+    location_tests = {n for n in dir(LocationConformance) if n.startswith("test_")}
+    store_tests = {n for n in dir(StoreConformance) if n.startswith("test_")}
+    # A backend author can run the location suite alone: it needs no store and no CLI.
+    assert location_tests and not any(n.startswith("test_store_") for n in location_tests)
+    assert "store_env" not in vars(LocationConformance)
+    assert location_tests < store_tests
+    assert all(n.startswith("test_store_") for n in store_tests - location_tests)

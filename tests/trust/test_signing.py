@@ -28,7 +28,7 @@ from restorepoint import (
 )
 from restorepoint.format.limits import GATE_PREFIX_MAX
 from restorepoint.format.reader import TAIL_READ
-from restorepoint.ops._open import open_head, open_manifest
+from restorepoint.ops import open_head, open_manifest
 from restorepoint.testing import Parts, assemble
 from restorepoint.trust import PAYLOAD_TYPE, key_id, pae, raw_public, signature_block, statement
 

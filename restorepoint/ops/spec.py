@@ -1,0 +1,254 @@
+"""What to pack: the head of a restore point (``HeadSpec``, validated once where it is made)
+and how to pack it (``PackOptions``). Every writer of a restore point (``pack``, ``publish``,
+the runtime, Lightning, the supervisor) makes a HeadSpec; ``describe`` is the one validation
+of a head, by the same checks a reader makes (spec section 13, P1)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .._version import __version__
+from ..errors import ConfigError, IntegrityError, UsageError
+from ..format import (
+    CanonicalizationError,
+    Manifest,
+    Position,
+    Producer,
+    Trainer,
+    canonical_dumps,
+    config_identity,
+    strict_loads,
+)
+from ..format.identity import check_operational_key
+from ..format.limits import CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CHUNK_SIZE_MIN
+from ..format.manifest import RUN_PATTERN
+from ..trust import PublicKey
+from ._config import check_json_data
+from .gate import UNSET, Expectations
+
+__all__ = [
+    "CODECS",
+    "DEFAULT_CODEC",
+    "DEFAULT_LEVEL",
+    "HeadSpec",
+    "PackOptions",
+    "default_run",
+    "describe",
+    "fresh",
+]
+
+#: zstd level 1: ~1 GB/s per core on float32 tensors; higher levels buy almost nothing on
+#: weights (which are close to random) at a large cost in time.
+DEFAULT_LEVEL = 1
+#: What ``codec=`` accepts: ``auto`` chooses chunk by chunk (codec planes: as is, zstd, or byte
+#: planes), ``zstd`` compresses every chunk whole, ``none`` stores the payload as it is.
+CODECS = ("auto", "zstd", "none")
+DEFAULT_CODEC = "auto"
+
+
+def default_run(identity: str) -> str:
+    """The run id of a config: what is trained, so a resubmitted job finds its own run."""
+    return f"cfg-{identity[:16]}"
+
+
+def describe(
+    *,
+    position: Position | int,
+    trainer: Trainer | Sequence[str] | None = None,
+    terms: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
+    operational_keys: Iterable[str] = (),
+    cache_keys: Mapping[str, str] | None = None,
+    cache_root: str | None = None,
+    chunk_size: int = CHUNK_SIZE_DEFAULT,
+    created: str | None = None,
+    rp_id: str | None = None,
+    run: str | None = None,
+) -> Manifest:
+    """The head of a new restore point, validated exactly as a reader would validate it:
+    whatever the caller passes, a bad value is a UsageError here, before anything is written."""
+    try:
+        if not isinstance(position, Position):
+            position = Position(step=position)
+        if trainer is not None and not isinstance(trainer, Trainer):
+            name, version = trainer
+            trainer = Trainer(name, version)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"bad position or trainer ({exc})") from None
+    operational = sorted(set(operational_keys))
+    try:
+        for key in operational:
+            check_operational_key(key)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    identity = None
+    if config is not None:
+        if not isinstance(config, Mapping):
+            raise ConfigError("the config must be a mapping")
+        config = check_json_data(config)
+        try:
+            identity = config_identity(config, operational)
+        except CanonicalizationError as exc:
+            raise ConfigError(f"config is not JSON data ({exc})") from None
+    for name, mapping in (("version term", terms or {}), ("cache key", cache_keys or {})):
+        for key, value in mapping.items():
+            if not isinstance(key, str) or not key or not isinstance(value, str):
+                raise UsageError(f"a {name} needs a non-empty name and a string value")
+    if trainer is not None and not (
+        isinstance(trainer.name, str) and trainer.name and isinstance(trainer.version, str)
+    ):
+        raise UsageError("a trainer needs a name and a version, both strings")
+    if cache_root is not None and not isinstance(cache_root, str):
+        raise UsageError("the cache root must be a string")
+    if run is None and identity is not None:
+        run = default_run(identity)
+    if run is not None and (not isinstance(run, str) or not RUN_PATTERN.fullmatch(run)):
+        raise UsageError(
+            f"run {run!r} must be 1 to 64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    check_chunk_size(chunk_size)
+    if created is None:
+        now = datetime.now(timezone.utc)
+        created = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+    head = Manifest(
+        id=rp_id or secrets.token_hex(16),
+        created=created,
+        producer=Producer("restorepoint", __version__),
+        position=position,
+        chunk_size=chunk_size,
+        trainer=trainer,
+        terms=dict(terms or {}),
+        config=config,
+        config_identity=identity,
+        operational_keys=tuple(operational),
+        cache_keys=dict(cache_keys or {}),
+        cache_root=cache_root,
+        run=run,
+    )
+    # The reader's own checks (id and time formats, depth, number domain) on the exact bytes.
+    try:
+        Manifest.from_head_dict(strict_loads(canonical_dumps(head.head_dict()), "head"))
+    except (IntegrityError, CanonicalizationError) as exc:
+        raise UsageError(f"the restore point would not be readable: {exc}") from None
+    return head
+
+
+def check_chunk_size(chunk_size: Any) -> None:
+    if (
+        not isinstance(chunk_size, int)
+        or isinstance(chunk_size, bool)
+        or not CHUNK_SIZE_MIN <= chunk_size <= CHUNK_SIZE_MAX
+        or chunk_size & (chunk_size - 1)
+    ):
+        raise UsageError("chunk size must be a power of two from 64 KiB to 64 MiB")
+
+
+def fresh(head: Manifest, *, rp_id: str | None = None, created: str | None = None) -> Manifest:
+    """``head`` with a new id and creation time (or the given ones): each pack of a HeadSpec
+    is a restore point of its own. Neither needs validating: both are made here."""
+    if created is None:
+        now = datetime.now(timezone.utc)
+        created = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+    return replace(head, id=rp_id or secrets.token_hex(16), created=created)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """The identity part and position of a restore point to pack: trainer, version terms,
+    config and its operational keys, cache keys, cache root, position, run. Validated once,
+    when it is made, by the same checks a reader makes of a head (``describe``): a bad value
+    is a UsageError before anything is read or written."""
+
+    position: Position | int
+    trainer: Trainer | Sequence[str] | None = None
+    terms: Mapping[str, str] = field(default_factory=dict)
+    config: Mapping[str, Any] | None = None
+    operational_keys: tuple[str, ...] = ()
+    cache_keys: Mapping[str, str] = field(default_factory=dict)
+    cache_root: str | None = None
+    run: str | None = None
+    #: Fixed only for reproducible objects (golden vectors, crash tests); by default each pack
+    #: takes the time and 16 random bytes.
+    created: str | None = None
+    rp_id: str | None = None
+    #: The head as ``describe`` made it: what every pack of this spec writes (with its own id
+    #: and time unless ``rp_id`` and ``created`` fix them).
+    manifest: Manifest = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The one validation; it also derives the run from the config identity when none is
+        # given, as every writer does (spec 19.1).
+        head = describe(
+            position=self.position,
+            trainer=self.trainer,
+            terms=self.terms,
+            config=self.config,
+            operational_keys=self.operational_keys,
+            cache_keys=self.cache_keys,
+            cache_root=self.cache_root,
+            run=self.run,
+            created=self.created,
+            rp_id=self.rp_id,
+        )
+        object.__setattr__(self, "manifest", head)
+        object.__setattr__(self, "position", head.position)
+        object.__setattr__(self, "trainer", head.trainer)
+        object.__setattr__(self, "operational_keys", head.operational_keys)
+        object.__setattr__(self, "run", head.run)
+
+    @classmethod
+    def from_view(
+        cls,
+        view: Expectations,
+        position: Position,
+        *,
+        operational_keys: Sequence[str] = (),
+        run: str | None = None,
+    ) -> HeadSpec:
+        """The head of a restore point made on the machine ``view`` describes (an adapter's
+        local view): what the same view elsewhere must meet. A field the view does not know
+        is recorded as absent."""
+        return cls(
+            position=position,
+            trainer=view.trainer if isinstance(view.trainer, Trainer) else None,
+            terms=dict(view.terms) if isinstance(view.terms, Mapping) else {},
+            config=dict(view.config) if isinstance(view.config, Mapping) else None,
+            operational_keys=tuple(operational_keys),
+            cache_keys=dict(view.cache_keys) if isinstance(view.cache_keys, Mapping) else {},
+            cache_root=view.cache_root if view.cache_root is not UNSET else None,
+            run=run,
+        )
+
+    def at(self, position: Position) -> HeadSpec:
+        """The same identity at another position (each snapshot of a run; a fresh id)."""
+        return replace(self, position=position, created=None, rp_id=None)
+
+    def head(self) -> Manifest:
+        """The head to write: this spec's, with a fresh id and time unless they are fixed."""
+        return fresh(self.manifest, rp_id=self.rp_id, created=self.created)
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How the payload is packed and where the bytes go: the codec (auto, zstd, none) and its
+    zstd level (0 or None: stored), chunk size, encode threads, whether to hash the whole object
+    too, signing keys, recipients, the storage's fsspec options."""
+
+    level: int | None = DEFAULT_LEVEL
+    codec: str = DEFAULT_CODEC
+    object_sha256: bool = False
+    chunk_size: int = CHUNK_SIZE_DEFAULT
+    threads: int | None = None
+    sign: tuple[Ed25519PrivateKey, ...] = ()
+    encrypt_to: tuple[PublicKey, ...] = ()
+    storage_options: dict[str, Any] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        check_chunk_size(self.chunk_size)

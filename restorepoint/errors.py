@@ -79,7 +79,7 @@ class RestorePointError(Exception):
 
     exit_code: ClassVar[int] = 1
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the context every error carries (url, member, offset, expected, found)
         self,
         message: str,
         *,

@@ -75,7 +75,7 @@ def import_command(
 ) -> None:
     """Check a restore point against this machine, then verify and unpack it into DEST."""
 
-    def body() -> None:
+    def body() -> None:  # noqa: PLR0912 - the import verb's option combinations, each refused or honoured here
         from ..ops import import_restore_point
 
         if exec_ and adapter is None:

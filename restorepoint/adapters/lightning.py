@@ -148,7 +148,7 @@ class PreemptionCallback(pl.Callback):
     configure the restore point packed after each save. ``events`` records what each signal
     did (``saved``, ``save_failed``, ``packed``, ``pack_failed``)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the callback's documented keyword options
         self,
         dirpath: str | os.PathLike[str],
         *,
@@ -374,7 +374,7 @@ class PreemptionCallback(pl.Callback):
         self.events.append({"event": event, **fields})
 
 
-def resume_checkpoint(
+def resume_checkpoint(  # noqa: PLR0913 - public API: the trainer's resume options, keyword-only
     dirpath: str | os.PathLike[str],
     store: str | None = None,
     run: str | None = None,
@@ -446,7 +446,7 @@ LIGHTNING_HINTS = {
 }
 
 
-def _import_last(
+def _import_last(  # noqa: PLR0913, PLR0917 - the pieces of one gated import, passed on from resume_checkpoint
     url: str,
     directory: Path,
     view: Expectations,

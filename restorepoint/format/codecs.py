@@ -285,7 +285,7 @@ def _planes_parts(plain: bytes, width: int, candidates: int) -> list[bytes]:
     return parts
 
 
-def decode_planes(stored: bytes, plain_length: int) -> Decoded:
+def decode_planes(stored: bytes, plain_length: int) -> Decoded:  # noqa: PLR0912 - the decode steps of spec section 7, each with its own refusal
     """Decode one stored chunk of the planes codec into exactly ``plain_length`` bytes, or
     raise DecodeError. Every length is checked against the stored bytes and the plain length
     before anything is decoded; no frame may produce more than its plane's length."""

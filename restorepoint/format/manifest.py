@@ -206,7 +206,7 @@ class Manifest:
     # -- reading ----------------------------------------------------------------------------
 
     @classmethod
-    def from_head_dict(cls, data: Any) -> Manifest:
+    def from_head_dict(cls, data: Any) -> Manifest:  # noqa: PLR0912, PLR0915 - one check per head member, in the order of reader step R4
         """Validate a parsed head document (reader step "check the head")."""
         obj = _obj(data, "head")
         # Features first: a feature may change what the other fields mean.

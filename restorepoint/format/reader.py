@@ -66,11 +66,11 @@ class ChunkCipher(Protocol):
 
     overhead: int
 
-    def seal(
+    def seal(  # noqa: PLR0913, PLR0917 - the AEAD's parameters, as trust.encryption takes them
         self, path: str, size: int, entry: int, entries: int, index: int, last: bool, data: bytes
     ) -> bytes: ...
 
-    def open(
+    def open(  # noqa: PLR0913, PLR0917 - the AEAD's parameters, as trust.encryption takes them
         self, path: str, size: int, entry: int, entries: int, index: int, last: bool, data: bytes
     ) -> bytes: ...
 
@@ -427,7 +427,7 @@ class PayloadDecoder:
             self._failed = True
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _decode(
+    def _decode(  # noqa: PLR0913, PLR0917 - the state of one chunk in flight, from the hot loop
         self,
         entry: Entry,
         lane: HashLane,

@@ -60,7 +60,23 @@ class _Pending:
     stored: int = 0
 
 
-_Item = tuple[str, "_Pending", "Future[list[bytes]] | None", "Ticket | None"]
+@dataclass(frozen=True)
+class _Begin:
+    """A file starts: its region begins where the output stands when this item is written."""
+
+    pending: _Pending
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """A chunk of ``pending``'s file, being encoded by the pool: written in queue order."""
+
+    pending: _Pending
+    future: Future[list[bytes]]
+    ticket: Ticket
+
+
+_Item = _Begin | _Chunk
 
 
 @dataclass(frozen=True)
@@ -163,7 +179,7 @@ class Writer:
         self._paths.append(path)
         pending = _Pending(path, size, HashLane(n_chunks))
         self._pending.append(pending)
-        self._put(("begin", pending, None, None))
+        self._put(_Begin(pending))
         chunk_size = self.head.chunk_size
         left = size
         index = 0
@@ -178,13 +194,13 @@ class Writer:
                 self._chunk, pending, position, index, index == n_chunks - 1, chunk, ticket
             )
             index += 1
-            self._put(("chunk", pending, future, ticket))
+            self._put(_Chunk(pending, future, ticket))
             if self.progress is not None:
                 self.progress(want)
         if source.read(1):
             raise SourceError(f"{path}: file grew while it was packed")
 
-    def _chunk(
+    def _chunk(  # noqa: PLR0913, PLR0917 - the state of one chunk in flight, from the hot loop
         self, pending: _Pending, position: int, index: int, last: bool, chunk: bytes, ticket: Ticket
     ) -> list[bytes]:
         """On a pool thread: the chunk into its file's sha256 (in order), then encoded, as
@@ -293,21 +309,18 @@ class Writer:
                 item = self._queue.get()
                 if item is None:
                     return
-                kind, pending, future, ticket = item
                 if self._error is not None:
                     continue
-                if kind == "begin":
-                    pending.offset = self._position
-                else:
-                    assert future is not None
-                    assert ticket is not None
-                    parts = future.result()
-                    length = sum(len(part) for part in parts)
-                    self._emit(CHUNK_HEADER.pack(length))
-                    for part in parts:
-                        self._emit(part)
-                    pending.stored += CHUNK_HEADER.size + length
-                    ticket.done()
+                if isinstance(item, _Begin):
+                    item.pending.offset = self._position
+                    continue
+                parts = item.future.result()
+                length = sum(len(part) for part in parts)
+                self._emit(CHUNK_HEADER.pack(length))
+                for part in parts:
+                    self._emit(part)
+                item.pending.stored += CHUNK_HEADER.size + length
+                item.ticket.done()
         except BaseException as exc:
             self._error = exc
 

@@ -106,7 +106,7 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def pack(
+def pack(  # noqa: PLR0913 - public API: every head field and pack option as a keyword (pack_spec takes values)
     source: str | os.PathLike[str],
     dest: str | Location,
     *,
@@ -183,7 +183,7 @@ def pack(
     )
 
 
-def pack_spec(
+def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the caller's progress hooks
     source: str | os.PathLike[str],
     dest: str | Location,
     spec: HeadSpec,
@@ -259,7 +259,7 @@ def pack_spec(
     )
 
 
-def _publish(
+def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from pack_spec
     location: Location,
     head: Manifest,
     codec: Codec,

@@ -60,7 +60,7 @@ class PublishResult:
         return out
 
 
-def publish(
+def publish(  # noqa: PLR0913 - the one publish: head, options, retention, handoff and progress hooks
     source: str | os.PathLike[str],
     dest: str,
     head: HeadSpec,

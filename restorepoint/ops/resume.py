@@ -41,7 +41,7 @@ HEAD_FILE = "restore-point-head.json"
 _OLDER_SCAN = 32
 
 
-def choose(
+def choose(  # noqa: PLR0912, PLR0913 - the choice rules of spec 16.7, each a keyword
     store: str,
     *,
     run: str,
@@ -111,7 +111,7 @@ def choose(
     raise failure
 
 
-def resume_import(
+def resume_import(  # noqa: PLR0913 - the one gated import's keyword options
     url: str,
     dest: str | os.PathLike[str],
     *,

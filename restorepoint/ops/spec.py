@@ -57,7 +57,7 @@ def default_run(identity: str) -> str:
     return f"cfg-{identity[:16]}"
 
 
-def describe(
+def describe(  # noqa: PLR0912, PLR0913 - one check per head field, as a reader makes them
     *,
     position: Position | int,
     trainer: Trainer | Sequence[str] | None = None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -278,7 +279,7 @@ class PruneReport:
         }
 
 
-def _plan_run(
+def _plan_run(  # noqa: PLR0912, PLR0913 - one run's retention rules, each a branch of spec 20
     location: Location,
     run: str,
     entries: list[StoreEntry],
@@ -287,7 +288,7 @@ def _plan_run(
     keep_every: int | None,
     keep_within: float | None,
     verify_entry: Callable[[Location, StoreEntry], None],
-    protect: set[str] = frozenset(),  # type: ignore[assignment]
+    protect: AbstractSet[str] = frozenset(),
 ) -> RunPlan:
     """Retention for one run, newest first. Protected whatever the rules say: the newest
     restore point, the newest one that verifies, and everything newer than that one."""
@@ -332,7 +333,7 @@ def _plan_run(
     return plan
 
 
-def prune(
+def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
     store: str | Location,
     *,
     keep_last: int | None = None,

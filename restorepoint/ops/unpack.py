@@ -78,7 +78,7 @@ class ImportResult:
         }
 
 
-def import_restore_point(
+def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword options (gate, trust, progress)
     url: str | Location,
     dest: str | os.PathLike[str],
     *,
@@ -290,7 +290,7 @@ class _Tree:
         self.chain.clear()
 
 
-def _unpack(
+def _unpack(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_restore_point
     manifest: Manifest,
     stream: Any,
     target: str,
@@ -338,7 +338,7 @@ def _unpack(
     return [os.path.join(target, *e.path.split("/")) for e in manifest.payload]
 
 
-def _write_files(
+def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_restore_point
     manifest: Manifest,
     stream: Any,
     tree: _Tree,

@@ -53,7 +53,7 @@ class VerifyReport:
         }
 
 
-def verify(
+def verify(  # noqa: PLR0913 - public API: the reader's keyword options
     url: str | Location,
     *,
     threads: int | None = None,
@@ -72,7 +72,7 @@ def verify(
         return _verify(location, started, threads, progress, on_start, trust)
 
 
-def _verify(
+def _verify(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from verify
     location: Location,
     started: float,
     threads: int | None,

@@ -55,7 +55,7 @@ log = logging.getLogger("restorepoint.preempt")
 class ExternalLoop:
     """Publishes every committed snapshot of one external trainer; see the module docstring."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913, PLR0917 - the loop's store, head, retention and the trainer's process
         self,
         adapter: ExternalAdapter,
         workdir: Path,

@@ -128,7 +128,7 @@ class ResumableRun:
     # The public constructor: keyword-only options, each documented in docs/adapters.md. They
     # are grouped into the values the parts take (the local view, PackOptions, the worker)
     # here, once.
-    def __init__(
+    def __init__(  # noqa: PLR0913 - public API: ResumableRun's documented keyword options (docs/adapters.md)
         self,
         config: Mapping[str, Any] | str | os.PathLike[str],
         *,

@@ -73,7 +73,7 @@ exit "$code"
 """
 
 
-def render(
+def render(  # noqa: PLR0913 - the template's documented options, keyword-only
     command: Sequence[str],
     *,
     job_name: str = "restorepoint",

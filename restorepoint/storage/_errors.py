@@ -52,7 +52,7 @@ def _unavailable(exc: BaseException) -> bool:
     return isinstance(status, int) and (status == 429 or 500 <= status <= 599)
 
 
-def translate(exc: BaseException, url: str) -> RestorePointError:
+def translate(exc: BaseException, url: str) -> RestorePointError:  # noqa: PLR0911 - one return per error class the boundary maps to
     """The StorageError (or MissingExtra) that stands for ``exc`` on ``url``."""
     if isinstance(exc, RestorePointError):
         return exc

@@ -384,7 +384,7 @@ def _fail(message: str) -> int:
     return 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911, PLR0912, PLR0915 - the fake trainer's command line, flag by flag, as the real one
     args_list = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--dialect", choices=("lichtfeld", "other"), default="lichtfeld")

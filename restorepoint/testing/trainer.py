@@ -53,7 +53,7 @@ def dataset(config: dict[str, Any]) -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(x, y)
 
 
-def train(
+def train(  # noqa: PLR0913 - the test trainer's knobs, each a keyword the tests set
     root: Path,
     out: Path,
     *,

@@ -139,14 +139,14 @@ class StreamCipher:
     def _nonce(index: int, last: bool) -> bytes:
         return index.to_bytes(11, "big") + (b"\x01" if last else b"\x00")
 
-    def seal(
+    def seal(  # noqa: PLR0913, PLR0917 - the AEAD's parameters: key, nonce, chunk position and data
         self, path: str, size: int, entry: int, entries: int, index: int, last: bool, data: bytes
     ) -> bytes:
         return self._aead(path).encrypt(
             self._nonce(index, last), data, self._aad(path, size, entry, entries)
         )
 
-    def open(
+    def open(  # noqa: PLR0913, PLR0917 - the AEAD's parameters: key, nonce, chunk position and data
         self, path: str, size: int, entry: int, entries: int, index: int, last: bool, data: bytes
     ) -> bytes:
         try:

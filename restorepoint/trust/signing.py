@@ -95,7 +95,7 @@ def _b64(value: object, what: str) -> bytes:
     return data
 
 
-def check_block(
+def check_block(  # noqa: PLR0912 - one branch per signature-block rule of spec section 21
     block: bytes | None,
     *,
     head_sha256: str,

@@ -53,7 +53,7 @@ class TrainerProcess:
     announcements. Iterate over it for the committed snapshots as they land; the iteration
     ends when the trainer has exited and its output is read."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the process, its adapter and the loop's callbacks
         self,
         files: SnapshotFiles,
         command: list[str],

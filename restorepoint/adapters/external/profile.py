@@ -252,7 +252,7 @@ def load_profile(source: str | os.PathLike[str] | Mapping[str, Any]) -> Profile:
     return _parse_profile(data, label)
 
 
-def _parse_profile(data: Mapping[str, Any], label: str) -> Profile:
+def _parse_profile(data: Mapping[str, Any], label: str) -> Profile:  # noqa: PLR0912, PLR0915 - one check per profile key, in the order docs/adapters.md lists them
     top = _Table(data, "", label)
     fmt = top.get("format")
     if fmt != PROFILE_FORMAT:

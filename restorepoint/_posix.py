@@ -11,6 +11,7 @@ import enum
 import errno
 import os
 import signal
+import stat
 import threading
 from pathlib import Path
 
@@ -18,11 +19,13 @@ from .errors import UsageError
 
 __all__ = [
     "Disposition",
+    "NotRegularFile",
     "atomic_write",
     "fsync_dir",
     "fsync_file",
     "pid_alive",
     "preempt_signal",
+    "read_regular",
     "rename_exchange",
     "send_signal",
     "signal_disposition",
@@ -95,6 +98,23 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(target.parent)
+
+
+class NotRegularFile(OSError):
+    """A path that names a FIFO, a device, a socket or a directory where a file was asked for."""
+
+
+def read_regular(path: str | os.PathLike[str]) -> bytes:
+    """A local file's bytes, refused (NotRegularFile) unless it is a regular file: a plain
+    open of a FIFO waits for a writer, forever, and a device may never end. The open does not
+    block (O_NONBLOCK), the check is on the descriptor opened, not on the name."""
+    name = os.fspath(path)
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", name)
+        os.set_blocking(fd, True)
+        return f.read()
 
 
 def pid_alive(pid: int) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._posix import read_regular
 from ..errors import ConfigError, NotFound
 from ..format.limits import MAX_JSON_DEPTH
 
@@ -27,10 +28,12 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_regular(p).decode("utf-8")
     except FileNotFoundError:
         raise NotFound("config file not found", url=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file ({exc.strerror})", url=str(path)) from None
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read the config file ({exc})", url=str(path)) from None
     suffix = p.suffix.lower()
     try:

@@ -16,11 +16,11 @@ import enum
 import json
 import os
 import re
-import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from .._posix import NotRegularFile, read_regular
 from ..errors import ConfigError, IncompatibleRestorePoint, NotFound, UsageError, at_url
 from ..format import (
     CanonicalizationError,
@@ -498,12 +498,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _read_text(path: str) -> str:
     """A local file's text, refused unless it is a regular file (a FIFO would be waited on
     for a writer, forever, by a plain open)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError("not a regular file", url=path)
-        os.set_blocking(fd, True)
-        return f.read().decode("utf-8")
+    try:
+        return read_regular(path).decode("utf-8")
+    except NotRegularFile:
+        raise ConfigError("not a regular file", url=path) from None
 
 
 def load_expectations(path: str | os.PathLike[str]) -> Expectations:

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
+from .._posix import read_regular
 from ..errors import ConfigError, NotFound, UsageError
 
 __all__ = [
@@ -108,7 +109,7 @@ def _a(kind: KeyKind) -> str:
 
 def _read(path: str | os.PathLike[str]) -> bytes:
     try:
-        return Path(path).read_bytes()
+        return read_regular(path)
     except FileNotFoundError:
         raise NotFound("key file not found", url=str(path)) from None
     except OSError as exc:

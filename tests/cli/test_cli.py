@@ -272,3 +272,41 @@ def test_a_url_that_is_not_a_regular_file_is_exit_4_at_once(
         proc = cli(verb, str(other), *dest, *options, timeout=30)
         assert proc.returncode == 4
         assert one_error_line(proc).endswith(": not a regular file")
+
+
+@pytest.mark.parametrize(
+    ("option", "exit_code", "message"),
+    [
+        ("config", 2, "cannot read the config file (not a regular file)"),
+        ("sign", 2, "cannot read the key file (not a regular file)"),
+        ("trust", 2, "cannot read the key file (not a regular file)"),
+        ("identity", 2, "cannot read the key file (not a regular file)"),
+        ("profile", 2, "cannot be read (not a regular file)"),
+    ],
+)
+def test_an_option_file_that_is_a_fifo_is_refused_at_once(
+    tmp_path: Path, option: str, exit_code: int, message: str
+) -> None:
+    """Every file an option names is read without waiting: a FIFO there (nothing ever writes
+    to it) is one line and an exit code, never a hang until the timeout."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    source = tmp_path / "ckpt"
+    source.mkdir()
+    (source / "w.bin").write_bytes(b"w" * 1000)
+    packed = tmp_path / "a.rp"
+    assert cli("pack", str(source), str(packed), "--step", "1").returncode == 0
+    args = {
+        "config": ["pack", str(source), str(tmp_path / "b.rp"), "--config", str(fifo)],
+        "sign": ["pack", str(source), str(tmp_path / "b.rp"), "--step", "1", "--sign", str(fifo)],
+        "trust": ["verify", str(packed), "--trust", str(fifo)],
+        "identity": ["import", str(packed), str(tmp_path / "dest"), "--identity", str(fifo)],
+        "profile": [
+            "pack", str(source), str(tmp_path / "b.rp"), "--adapter", "external",
+            "--adapter-option", f"profile={fifo}",
+        ],
+    }[option]  # fmt: skip
+    proc = cli(*args, timeout=30)
+    assert proc.returncode == exit_code, proc.stderr
+    assert message in one_error_line(proc)
+    assert not (tmp_path / "b.rp").exists() and not (tmp_path / "dest").exists()

@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..._posix import read_regular
 from ...errors import UsageError
 from ...format.identity import check_operational_key
 
@@ -236,13 +237,15 @@ def load_profile(source: str | os.PathLike[str] | Mapping[str, Any]) -> Profile:
     else:
         label = text_source
         try:
-            text = Path(text_source).read_text(encoding="utf-8")
+            text = read_regular(text_source).decode("utf-8")
         except FileNotFoundError:
             known = ", ".join(sorted(builtin))
             raise UsageError(
                 f"profile {label}: no such file (and no built-in profile of that name: {known})"
             ) from None
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
+            raise UsageError(f"profile {label}: cannot be read ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
             raise UsageError(f"profile {label}: cannot be read ({exc})") from None
     try:
         data = tomllib.loads(text)

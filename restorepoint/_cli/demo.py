@@ -47,7 +47,9 @@ def _finish(proc: subprocess.Popen[str], what: str, log: Path) -> int:
     for _ in proc.stdout:
         pass
     code = proc.wait()
-    if code not in (0, 42):
+    from ..runtime.contract import EXIT_RESUMABLE
+
+    if code not in (0, EXIT_RESUMABLE):
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
         raise UsageError(f"the {what} training run failed with exit {code}: {tail[0]}")
     return code
@@ -72,7 +74,7 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
         from ..format import Trainer
         from ..ops import Expectations, latest
         from ..ops.resume import resume_import
-        from ..runtime.contract import RunDirectory
+        from ..runtime.contract import EXIT_RESUMABLE, RunDirectory
         from ..runtime.detect import torch_terms
         from ..testing.trainer import CONFIG, TRAINER
 
@@ -109,7 +111,7 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
                     child.send_signal(signal.SIGTERM)
                     sent_at = time.perf_counter()
             code = child.wait()
-            if code != 42:
+            if code != EXIT_RESUMABLE:
                 raise UsageError(f"machine A exited {code}, not 42 (see {base / 'machine-a.log'})")
             (run_dir,) = list(a_root.iterdir())
             directory = RunDirectory(run_dir)

@@ -86,16 +86,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def preempted_checkpoint(workdir: Path, *, at_step: int = 5) -> Path:
-    """A real snapshot of the demo trainer: run it, SIGTERM it at ``at_step``, and return its
-    run directory's checkpoints/ (last.pt and position.json, exit 42)."""
-    root = workdir / "runs"
+def sigterm_at_step(command: list[str], at_step: int) -> tuple[int, str]:
+    """Run ``command`` (a trainer that prints ``step N`` lines), SIGTERM it once it prints
+    ``step at_step``, and return its exit code and stderr."""
     child = subprocess.Popen(
-        trainer_command(root, workdir / "final.pt", "--epochs", "1", "--step-delay", "0.02"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=clean_env(),
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
     )
     assert child.stdout is not None
     try:
@@ -108,5 +103,14 @@ def preempted_checkpoint(workdir: Path, *, at_step: int = 5) -> Path:
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert child.returncode == 42, err
+    return child.returncode, err
+
+
+def preempted_checkpoint(workdir: Path, *, at_step: int = 5) -> Path:
+    """A real snapshot of the demo trainer: run it, SIGTERM it at ``at_step``, and return its
+    run directory's checkpoints/ (last.pt and position.json, exit 42)."""
+    root = workdir / "runs"
+    command = trainer_command(root, workdir / "final.pt", "--epochs", "1", "--step-delay", "0.02")
+    code, err = sigterm_at_step(command, at_step)
+    assert code == 42, err
     return root / RUN / "checkpoints"

@@ -8,14 +8,18 @@ tests/preempt/test_external_loop.py.)"""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from clirun import cli
-from crafted import RUN, clean_env, pack_demo, preempted_checkpoint, trainer_command
+from crafted import (
+    RUN,
+    pack_demo,
+    preempted_checkpoint,
+    sigterm_at_step,
+    trainer_command,
+)
 
 import restorepoint
 from restorepoint import UsageError, list_store
@@ -90,27 +94,14 @@ def test_the_runtime_resumed_from_an_older_restore_point_keeps_what_it_publishes
     store = f"{tmp_path / 'store'}/"
     resumed = pack_demo(checkpoints, store, position=older)
     pack_demo(checkpoints, store, position=restorepoint.Position(90, 2, 26))  # the other branch
-    child = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "restorepoint", "run", "--store", store),
-            *("--resume-from", resumed.url, "--"),
-            *trainer_command(tmp_path / "b" / "runs", tmp_path / "b" / "out.pt", "--keep-last",
-                             "1", "--step-delay", "0.02"),
-        ],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
-    )  # fmt: skip
-    assert child.stdout is not None
-    try:
-        for line in child.stdout:
-            if line.strip() == f"step {older.step + 4}":
-                child.send_signal(signal.SIGTERM)
-                break
-        _, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == 42, err
+    command = [
+        *(sys.executable, "-m", "restorepoint", "run", "--store", store),
+        *("--resume-from", resumed.url, "--"),
+        *trainer_command(tmp_path / "b" / "runs", tmp_path / "b" / "out.pt", "--keep-last",
+                         "1", "--step-delay", "0.02"),
+    ]  # fmt: skip
+    code, err = sigterm_at_step(command, older.step + 4)
+    assert code == 42, err
     published = [s for s in steps(store, RUN) if s not in (90, older.step)]
     assert len(published) == 1 and older.step < published[0] < 90
     # The newest (the other branch) and what was just published stay; the older one went.

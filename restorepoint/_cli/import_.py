@@ -70,6 +70,23 @@ def import_command(
         bool,
         typer.Option("--no-gate", help="Forensics only: import without any gate (warns)."),
     ] = False,
+    rank: Annotated[
+        int | None,
+        typer.Option(
+            "--rank",
+            min=0,
+            help="A multi-part restore point: import only the shared part and this rank's.",
+        ),
+    ] = None,
+    world_size: Annotated[
+        int | None,
+        typer.Option(
+            "--world-size",
+            min=1,
+            help="The world this import resumes: another than the restore point's is refused "
+            "(exit 3) unless its state reshards.",
+        ),
+    ] = None,
     base: CommandArg = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -104,6 +121,8 @@ def import_command(
                 progress=advance,
                 on_start=on_start,
                 trust=build_trust(trusted, require=require_signature, identity=identity),
+                rank=rank,
+                world_size=world_size,
             )
         if not result.gated and not no_gate:
             warn(

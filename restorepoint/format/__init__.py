@@ -18,7 +18,19 @@ from .codecs import (
 )
 from .identity import ConfigDifference, config_identity, diff_configs, identity_view
 from .layout import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION, MAGIC
-from .manifest import KNOWN_FEATURES, Entry, Manifest, Position, Producer, Trainer
+from .manifest import (
+    KNOWN_FEATURES,
+    MULTIPART_FEATURE,
+    MULTIPART_VERSION,
+    Entry,
+    Manifest,
+    PartOf,
+    PartRef,
+    Parts,
+    Position,
+    Producer,
+    Trainer,
+)
 from .paths import check_path, check_paths, fold
 from .reader import (
     ChunkCipher,
@@ -44,6 +56,8 @@ __all__ = [
     "FORMAT_VERSION",
     "KNOWN_FEATURES",
     "MAGIC",
+    "MULTIPART_FEATURE",
+    "MULTIPART_VERSION",
     "PLANES_FEATURE",
     "CanonicalizationError",
     "ChunkCipher",
@@ -53,6 +67,9 @@ __all__ = [
     "Head",
     "Manifest",
     "NoneCodec",
+    "PartOf",
+    "PartRef",
+    "Parts",
     "PayloadDecoder",
     "PlanesCodec",
     "Position",

@@ -25,7 +25,7 @@ from ..errors import IntegrityError, SourceError
 from ._json import canonical_dumps, strict_loads
 from ._pipeline import Budget, HashLane, Ticket
 from .codecs import Codec, NoneCodec
-from .layout import CHUNK_HEADER, END_MAGIC, FOOTER, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, PREAMBLE
+from .layout import CHUNK_HEADER, END_MAGIC, FOOTER, MAGIC, PREAMBLE
 from .limits import (
     MAX_ENTRIES,
     MAX_HEAD_BYTES,
@@ -156,7 +156,8 @@ class Writer:
             raise SourceError(f"the head would not be readable: {exc.message}") from None
         digest = hashlib.sha256(head).digest()
         self._head_sha256 = digest.hex()
-        self._emit(PREAMBLE.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, len(head)))
+        major, minor = (int(n) for n in self.head.format_version.split("."))
+        self._emit(PREAMBLE.pack(MAGIC, major, minor, len(head)))
         self._emit(head)
         self._emit(digest)
         # Also for codec none: the pool hashes, so that the reading thread only reads.

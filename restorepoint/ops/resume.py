@@ -123,10 +123,14 @@ def resume_import(  # noqa: PLR0913 - the one gated import's keyword options
     hints: Mapping[str, str] = CLI_HINTS,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> ImportResult:
     """Import ``url`` into ``dest`` for a resume: the strict gate against ``views`` (except
     the ``defer``red fields, which the trainer itself compares), under the trust policy, then
-    the import's usual verification; a refusal writes nothing."""
+    the import's usual verification; a refusal writes nothing. ``rank`` and ``world_size``:
+    a multi-part restore point's shared part and that rank's, on a world it was made by
+    (spec 25.4)."""
     return import_restore_point(
         url,
         dest,
@@ -139,6 +143,8 @@ def resume_import(  # noqa: PLR0913 - the one gated import's keyword options
         progress=progress,
         on_start=on_start,
         trust=trust_policy(trust),
+        rank=rank,
+        world_size=world_size,
     )
 
 

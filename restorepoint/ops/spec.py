@@ -16,8 +16,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from .._version import __version__
 from ..errors import ConfigError, IntegrityError, UsageError
 from ..format import (
+    MULTIPART_FEATURE,
+    MULTIPART_VERSION,
     CanonicalizationError,
     Manifest,
+    PartOf,
+    Parts,
     Position,
     Producer,
     Trainer,
@@ -150,13 +154,16 @@ def check_chunk_size(chunk_size: Any) -> None:
         raise UsageError("chunk size must be a power of two from 64 KiB to 64 MiB")
 
 
+def created_now() -> str:
+    """The present as a head's ``created`` (UTC, milliseconds)."""
+    now = datetime.now(timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
 def fresh(head: Manifest, *, rp_id: str | None = None, created: str | None = None) -> Manifest:
     """``head`` with a new id and creation time (or the given ones): each pack of a HeadSpec
     is a restore point of its own. Neither needs validating: both are made here."""
-    if created is None:
-        now = datetime.now(timezone.utc)
-        created = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
-    return replace(head, id=rp_id or secrets.token_hex(16), created=created)
+    return replace(head, id=rp_id or secrets.token_hex(16), created=created or created_now())
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,10 @@ class HeadSpec:
     #: takes the time and 16 random bytes.
     created: str | None = None
     rp_id: str | None = None
+    #: A commit's parts or a part's commit (spec section 25): the head then lists multipart/1
+    #: and is written as format 1.1.
+    parts: Parts | None = None
+    part: PartOf | None = None
     #: The head as ``describe`` made it: what every pack of this spec writes (with its own id
     #: and time unless ``rp_id`` and ``created`` fix them).
     manifest: Manifest = field(init=False, repr=False, compare=False)
@@ -232,7 +243,16 @@ class HeadSpec:
 
     def head(self) -> Manifest:
         """The head to write: this spec's, with a fresh id and time unless they are fixed."""
-        return fresh(self.manifest, rp_id=self.rp_id, created=self.created)
+        head = fresh(self.manifest, rp_id=self.rp_id, created=self.created)
+        if self.parts is None and self.part is None:
+            return head
+        return replace(
+            head,
+            parts=self.parts,
+            part=self.part,
+            format_version=MULTIPART_VERSION,
+            required_features=tuple(sorted({*head.required_features, MULTIPART_FEATURE})),
+        )
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import IntegrityError, NotFound, UsageError, at_url
 from ..format import Manifest
 from ..storage import Location, ObjectInfo, is_partial_name, parse_partial, resolve
+from ._multipart import PARTS_SUFFIX, parts_prefix
 from ._naming import NAME_PATTERN as _NAME
 from ._naming import RUN_PATTERN as _RUN
 from ._naming import entry_name, is_store_url
@@ -379,12 +380,26 @@ def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
         if not dry_run:
             for plan in plans:
                 for entry in plan.delete:
+                    # The commit first: once it is gone its parts are no restore point's,
+                    # and a prune killed in between leaves only leftovers (spec 25.5).
                     location.join(entry.name).delete()
                     deleted.append(entry.url)
+                    for info in location.join(parts_prefix(entry.name)).list_objects():
+                        location.join(f"{parts_prefix(entry.name)}/{info.name}").delete()
         leftovers = _leftovers(
             location, run, grace_s, now if now is not None else time.time(), dry_run
         )
     return PruneReport(location.url, dry_run, plans, deleted, leftovers)
+
+
+def _orphan_part(name: str, names: AbstractSet[str]) -> bool:
+    """Whether ``name`` is an object under a commit's parts prefix whose commit is not in
+    ``names`` (the same listing)."""
+    prefix, _, _ = name.rpartition("/")
+    if not prefix.endswith(PARTS_SUFFIX):
+        return False
+    stem = prefix.removesuffix(PARTS_SUFFIX)
+    return _NAME.match(stem.rsplit("/", 1)[-1] + ".rp") is not None and stem + ".rp" not in names
 
 
 def _leftovers(
@@ -393,7 +408,18 @@ def _leftovers(
     """Partial names and incomplete uploads older than the grace period: never a live one."""
     scope = location.join(run) if run is not None else location
     out = []
-    for info in scope.list_objects():
+    listing = scope.list_objects()
+    names = {info.name for info in listing}
+    for info in listing:
+        if _orphan_part(info.name, names):
+            # A part whose commit is not there: a snapshot that never committed (a rank
+            # killed), or a commit deleted. GRACE keeps the parts of one still committing.
+            if info.modified is None or now - info.modified < grace_s:
+                continue
+            out.append(info.url)
+            if not dry_run:
+                scope.join(info.name).delete()
+            continue
         partial = parse_partial(info.name.rsplit("/", 1)[-1])
         if partial is None:
             continue

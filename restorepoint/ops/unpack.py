@@ -26,8 +26,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._posix import fsync_dir, rename_exchange
-from ..errors import DestinationError, StorageError, at_url
-from ..format import ChunkCipher, Manifest, PayloadDecoder, check_path, check_paths
+from ..errors import (
+    DestinationError,
+    IncompatibleRestorePoint,
+    NotFound,
+    StorageError,
+    UsageError,
+    at_url,
+)
+from ..format import (
+    ChunkCipher,
+    Manifest,
+    PayloadDecoder,
+    check_path,
+    check_paths,
+    restore_point_digest,
+)
 from ..storage import (
     OLD_MARK,
     STAGING_MARK,
@@ -38,12 +52,16 @@ from ..storage import (
     this_host,
     translate,
 )
+from ._multipart import check_part, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_head, open_manifest
 from .gate import CLI_HINTS, CheckResult, Expectations, decide, refuse
 from .pack import default_threads
 
 __all__ = ["ImportResult", "import_restore_point"]
 
+#: What an import unpacks: a manifest, the reader of its object, where its payload starts, and
+#: the cipher that opens it (one object's, or each of a commit's parts).
+_Source = tuple[Manifest, Any, int, ChunkCipher | None]
 #: A leftover whose writer may still be alive on another host is removed only when this old.
 STALE_AFTER_S = 24 * 3600
 
@@ -92,8 +110,15 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     trust: Trust = NO_TRUST,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> ImportResult:
     """Import the restore point at ``url`` into the local directory ``dest``.
+
+    A multi-part restore point (spec section 25) is imported whole, every part's files in one
+    tree, or with ``rank`` only the shared part and that rank's. ``world_size`` is the world
+    this import resumes: one the restore point was not made by is refused
+    (IncompatibleRestorePoint) unless its state is declared reshardable.
 
     With ``trust``, signatures are checked (before the gate reads the head, and again over
     the whole manifest) and an encrypted payload is decrypted with ``trust.identity`` as it is
@@ -120,22 +145,30 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
             )
             if not result.compatible:
                 raise refuse(result)
+            _check_world(location.url, head.manifest, rank, world_size)
             replacing = _check_destination(target, force)
             # The head the gate decided on, not a second read of it (section 18, U3).
             opened = open_manifest(reader, trust, need_key=True, gated=gated)
             head, manifest = opened.head, opened.manifest
             assert manifest is not None
-            _check_space(target, manifest)
-            if on_start is not None:
-                on_start(manifest.total_size)
-            _clean_leftovers(target)
-            stream = reader.open_stream(head.data_start)
+            readers = [reader]
             try:
-                files = _unpack(
-                    manifest, stream, target, replacing, threads, progress, opened.cipher
-                )
+                sources: list[_Source] = [(manifest, reader, head.data_start, opened.cipher)]
+                if manifest.parts is not None:
+                    # On another world size (a reshardable state) a rank needs every part.
+                    whole = world_size not in (None, manifest.parts.world_size)
+                    sources = _open_parts(
+                        location, manifest, None if whole else rank, trust, readers
+                    )
+                total = sum(m.total_size for m, *_ in sources)
+                _check_space(target, total, sum(m.file_count for m, *_ in sources))
+                if on_start is not None:
+                    on_start(total)
+                _clean_leftovers(target)
+                files = _unpack(sources, target, replacing, threads, progress)
             finally:
-                stream.close()
+                for other in readers[1:]:
+                    other.close()
         finally:
             reader.close()
     return ImportResult(
@@ -143,7 +176,7 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
         dest=target,
         manifest=manifest,
         files=files,
-        bytes=manifest.total_size,
+        bytes=total,
         seconds=time.perf_counter() - started,
         check=result,
     )
@@ -177,11 +210,71 @@ def _check_destination(target: str, force: bool) -> bool:
     return True
 
 
-def _check_space(target: str, manifest: Manifest) -> None:
+def _check_world(url: str, head: Manifest, rank: int | None, world_size: int | None) -> None:
+    """A part is no restore point; a rank must exist; the world must be the restore point's
+    unless its state reshards (spec 25.4)."""
+    if head.part is not None:
+        raise IncompatibleRestorePoint(
+            "this is one part of a multi-part restore point, not a restore point: import its "
+            "commit (with --rank)",
+            url=url,
+        )
+    world = head.parts.world_size if head.parts is not None else 1
+    if rank is not None and not 0 <= rank < (world_size or world):
+        raise UsageError(f"rank {rank} is not below the world size {world_size or world}")
+    if world_size is None or world_size == world:
+        return
+    if head.parts is not None and head.parts.reshardable:
+        return
+    raise IncompatibleRestorePoint(
+        f"refusing to resume on {world_size} rank(s): the restore point was made by {world} "
+        "and its state is not declared reshardable",
+        url=url,
+        mismatches=[{"field": "world_size", "expected": world_size, "found": world}],
+        details=[f"world_size: expected {world_size}, found {world}"],
+    )
+
+
+def _open_parts(
+    location: Location,
+    commit: Manifest,
+    rank: int | None,
+    trust: Trust,
+    readers: list[Any],
+) -> list[_Source]:
+    """Every part this import needs, each opened and checked to be the one the commit names
+    before any byte of any is written; their files must not overlap. On another world size a
+    reshardable state needs every part (the engine reads what it needs)."""
+    assert commit.parts is not None
+    if rank is not None and rank >= commit.parts.world_size:
+        rank = None
+    sources: list[_Source] = []
+    for ref in commit.parts.for_rank(rank):
+        where = part_location(location, ref)
+        with at_url(where.url):
+            try:
+                reader = where.reader()
+                readers.append(reader)
+                opened = open_manifest(reader, part_trust(trust), need_key=True)
+            except NotFound:
+                raise missing_part(ref, where.url) from None
+            assert opened.manifest is not None
+            assert opened.tail is not None
+            digest = restore_point_digest(
+                opened.manifest.id, opened.head.head_sha256, opened.tail.index_sha256
+            )
+            check_part(commit, ref, opened.manifest, digest=digest, size=reader.size, url=where.url)
+        sources.append((opened.manifest, reader, opened.head.data_start, opened.cipher))
+    paths = sorted((e.path for m, *_ in sources for e in m.payload or ()), key=lambda p: p.encode())
+    check_paths(paths)
+    return sources
+
+
+def _check_space(target: str, total: int, files: int) -> None:
     parent = os.path.dirname(target)
     while parent and not os.path.isdir(parent):
         parent = os.path.dirname(parent)
-    need = manifest.total_size + 4096 * (manifest.file_count + 1)
+    need = total + 4096 * (files + 1)
     try:
         free = shutil.disk_usage(parent or ".").free
     except OSError:
@@ -290,21 +383,21 @@ class _Tree:
         self.chain.clear()
 
 
-def _unpack(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_restore_point
-    manifest: Manifest,
-    stream: Any,
+def _unpack(
+    sources: Sequence[_Source],
     target: str,
     replacing: bool,
     threads: int | None,
     progress: Callable[[int], None] | None,
-    cipher: ChunkCipher | None = None,
 ) -> list[str]:
-    assert manifest.payload is not None
+    """Steps U4-U9: every source's files (one object's, or a commit's parts') into one
+    staging tree, then into place."""
+    entries = [e for manifest, *_ in sources for e in manifest.payload or ()]
     # The path rules again, on exactly what will be written (defence in depth: the reader
     # checked them too).
-    for entry in manifest.payload:
+    for entry in entries:
         check_path(entry.path)
-    check_paths(e.path for e in manifest.payload)
+    check_paths(sorted((e.path for e in entries), key=lambda p: p.encode()))
     parent = os.path.dirname(target)
     try:
         os.makedirs(parent, exist_ok=True)
@@ -323,7 +416,12 @@ def _unpack(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_restore
             os.chmod(staging, 0o700)
             tree = _Tree(staging)
             try:
-                _write_files(manifest, stream, tree, threads, progress, cipher)
+                for manifest, reader, data_start, cipher in sources:
+                    stream = reader.open_stream(data_start)
+                    try:
+                        _write_files(manifest, stream, tree, threads, progress, cipher)
+                    finally:
+                        stream.close()
                 # Before the fsyncs, so that DEST's mode is as durable as its entries.
                 os.chmod(staging, mode)
                 tree.sync_and_close()
@@ -335,7 +433,7 @@ def _unpack(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_restore
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return [os.path.join(target, *e.path.split("/")) for e in manifest.payload]
+    return [os.path.join(target, *e.path.split("/")) for e in entries]
 
 
 def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_restore_point

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import at_url
+from ..errors import NotFound, at_url
 from ..format import Head, Manifest, PayloadDecoder, read_head, restore_point_digest
 from ..format import read_manifest as format_read_manifest
 from ..storage import Location, resolve
+from ._multipart import check_part, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_manifest
 from .pack import default_threads
 
@@ -35,9 +36,21 @@ class VerifyReport:
     signed_by: tuple[str, ...] = ()
     trusted_by: tuple[str, ...] = ()
     digest: str = ""
+    #: A commit's parts, each verified end to end and checked to be the one the commit names.
+    parts: tuple[VerifyReport, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        extra: dict[str, Any] = {}
+        if self.parts:
+            extra["parts"] = [
+                {
+                    "digest": p.digest,
+                    "rank": p.manifest.part.rank if p.manifest.part else None,
+                    "url": p.url,
+                }
+                for p in self.parts
+            ]
+        return extra | {
             "bytes": self.bytes,
             "digest": self.digest,
             "encrypted": self.manifest.encryption is not None,
@@ -73,6 +86,42 @@ def verify(  # noqa: PLR0913 - public API: the reader's keyword options
 
 
 def _verify(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from verify
+    location: Location,
+    started: float,
+    threads: int | None,
+    progress: Callable[[int], None] | None,
+    on_start: Callable[[int], None] | None,
+    trust: Trust,
+) -> VerifyReport:
+    report = _verify_object(location, started, threads, progress, on_start, trust)
+    commit = report.manifest
+    if commit.parts is None:
+        return report
+    # A commit is sound only with every part it names, each sound and the one named (25.3).
+    parts = []
+    for ref in commit.parts.objects:
+        where = part_location(location, ref)
+        with at_url(where.url):
+            try:
+                part = _verify_object(
+                    where, time.perf_counter(), threads, progress, None, part_trust(trust)
+                )
+            except NotFound:
+                raise missing_part(ref, where.url) from None
+            check_part(
+                commit, ref, part.manifest, digest=part.digest, size=part.size, url=where.url
+            )
+        parts.append(part)
+    return replace(
+        report,
+        files=sum(p.files for p in parts),
+        bytes=sum(p.bytes for p in parts),
+        seconds=time.perf_counter() - started,
+        parts=tuple(parts),
+    )
+
+
+def _verify_object(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from _verify
     location: Location,
     started: float,
     threads: int | None,

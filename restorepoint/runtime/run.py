@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import hashlib
 import json
@@ -51,10 +52,11 @@ from .._posix import atomic_write, signal_number
 from .._text import printable
 from .._version import __version__
 from ..errors import IncompatibleRestorePoint, NotFound, RestorePointError, UsageError
-from ..format import Position, Trainer, config_identity, diff_configs
+from ..format import PartRef, Position, Trainer, config_identity, diff_configs
 from ..ops import Expectations, check_json_data, latest, load_config
 from ..ops.gate import decide, refuse
 from ..ops.local_view import cache_root_from_env
+from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.resume import choose, read_head_file, resume_import
 from ..trust import Trust, load_signing_key
@@ -213,6 +215,14 @@ class ResumableRun:
         # exit code (3 for a gate refusal) instead of a traceback.
         self._refused: RestorePointError | None = None
         self._rank, self._world = _distributed()
+        # Each rank publishes its own part of a snapshot (spec section 25), on its worker
+        # thread; the parts are gathered on a group of their own (gloo, whatever the training
+        # backend), so that the training thread's collectives never meet the worker's.
+        self._group: Any = None
+        if self._world > 1:
+            self._group = torch.distributed.new_group(
+                backend="gloo", timeout=datetime.timedelta(seconds=max(upload_timeout, 60.0))
+            )
 
     # -- what this run is -----------------------------------------------------------------------
 
@@ -566,6 +576,9 @@ class ResumableRun:
                 # Named after the restore point itself: another object of the same step (a
                 # step packed again) is another import, gated on its own.
                 name = entry.name.rsplit("/", 1)[-1].removesuffix(".rp")
+                if self._world > 1:
+                    # Each rank imports the shared part and its own (spec 25.4).
+                    name += f".rank{self._rank}"
                 dest = self.run_dir / "imports" / name
                 if not dest.exists():
                     try:
@@ -576,6 +589,8 @@ class ResumableRun:
                             trust=self.trust,
                             storage_options=storage,
                             hints=RUNTIME_HINTS,
+                            rank=self._rank if self._world > 1 else None,
+                            world_size=self._world,
                         )
                     except RestorePointError:
                         # Ranks sharing the run directory import at once; the import is
@@ -683,17 +698,15 @@ class ResumableRun:
         }
         snap = Snapshot(state, self.position)
         if self._world > 1:
-            # Collectives stay on the main thread: every rank saves its own file, then rank 0
-            # publishes one restore point holding them all. No rank replaces its file while
-            # rank 0 still packs the previous snapshot: that pack would publish another step's
-            # state under this step's name, or files of two steps in one restore point.
-            if self.is_main:
-                self.wait()
-            self._barrier()
+            # Every rank saves its own file in its own run directory and publishes it as its
+            # part; rank 0 publishes the commit naming every part once all are in (spec 25),
+            # so the run directories need not be shared. No rank replaces its file while its
+            # previous part is still being packed, and all agree on the commit first.
+            self.wait()
+            snap = Snapshot(state, self.position, self._agree_plan())
             self._save(snap)
             self._barrier()
-            if self.is_main:
-                self.worker.submit(snap)
+            self.worker.submit(snap)
         else:
             self.worker.submit(snap)
         # With a process group the pause includes the save; alone, only the copy.
@@ -703,6 +716,13 @@ class ResumableRun:
             self.wait()
         self._event("snapshot", step=self.step, pause_s=round(pause, 6))
         return pause
+
+    def _agree_plan(self) -> CommitPlan:
+        """The commit of this snapshot, made by rank 0 and known to every rank."""
+        box = [CommitPlan.new(self._world).to_dict() if self.is_main else None]
+        torch.distributed.broadcast_object_list(box, src=0, group=self._group)
+        assert isinstance(box[0], dict)
+        return CommitPlan.from_dict(box[0])
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the snapshots handed over are saved and uploaded; False on timeout."""
@@ -742,7 +762,9 @@ class ResumableRun:
         try:
             if self._world == 1:
                 self._save(snap)
-            if self.store is not None and self.is_main:
+            if self.store is not None and self._world > 1:
+                self._publish_part(snap)
+            elif self.store is not None:
                 self._publish(snap)
         except Exception as exc:
             log.warning("snapshot at step %d failed: %s", snap.position.step, exc)
@@ -783,6 +805,53 @@ class ResumableRun:
                 error_class=type(result.prune_error).__name__,
                 error=result.prune_error.message,
             )
+
+    def _publish_part(self, snap: Snapshot) -> None:
+        """Every rank: its part; then rank 0, once every part is in, the commit. A rank that
+        fails (or dies: the gather then fails) leaves no commit, and the previous restore
+        point stays the newest."""
+        started = time.perf_counter()
+        step = snap.position.step
+        head = self._head(snap.position)
+        ref: dict[str, Any] | None = None
+        error = ""
+        try:
+            include = [self._rank_file()] + ([POSITION_FILE] if self.is_main else [])
+            ref = publish_part(
+                self.directory.checkpoints,
+                self.store or "",
+                head,
+                snap.plan,
+                rank=self._rank,
+                options=self.options,
+                include=include,
+            ).to_dict()
+        except RestorePointError as exc:
+            error = f"{type(exc).__name__}: {exc.message}"
+        gathered: list[Any] | None = [None] * self._world if self.is_main else None
+        torch.distributed.gather_object((ref, error), gathered, dst=0, group=self._group)
+        if not self.is_main:
+            if ref is None:
+                self._event("upload_failed", step=step, error=error)
+            return
+        assert gathered is not None
+        failed = [f"rank {r}: {e}" for r, (got, e) in enumerate(gathered) if got is None]
+        if failed:
+            self.uploads.append({"ok": False, "step": step, "error": "; ".join(failed)})
+            self._event("upload_failed", step=step, error="; ".join(failed))
+            return
+        refs = [PartRef(**got) for got, _ in gathered]
+        try:
+            result = publish_commit(
+                self.store or "", head, snap.plan, refs, self.options, keep_last=self.keep_last
+            )
+        except RestorePointError as exc:
+            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
+            self._event("upload_failed", step=step, error=exc.message)
+            return
+        seconds = time.perf_counter() - started
+        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
+        self._event("uploaded", step=step, seconds=round(seconds, 6), parts=len(refs))
 
     def _finish_uploads(self) -> None:
         timeout = self.upload_timeout

@@ -115,6 +115,11 @@ class Location:
         """The location of ``name`` ("/"-separated) under this prefix."""
         raise NotImplementedError
 
+    def beside(self, name: str) -> Location:
+        """The location of ``name`` ("/"-separated) beside this object: in the prefix that
+        holds it (a commit's parts, spec section 25)."""
+        raise NotImplementedError
+
     def list_objects(self) -> list[ObjectInfo]:
         """Every object under this prefix, recursively, partial names included, as the store
         holds them now: listing caches are bypassed, so an object another process published

@@ -190,6 +190,12 @@ class FsspecLocation(Location):
     def join(self, name: str) -> Location:
         return type(self)(join_url(self.url, name), self.fs, f"{self.path.rstrip('/')}/{name}")
 
+    def beside(self, name: str) -> Location:
+        url, path = self.url.rstrip("/"), self.path.rstrip("/")
+        return type(self)(
+            f"{url.rsplit('/', 1)[0]}/{name}", self.fs, f"{path.rsplit('/', 1)[0]}/{name}"
+        )
+
     def list_objects(self) -> list[ObjectInfo]:
         root = self.path.rstrip("/")
         with translating(self.url):

@@ -120,6 +120,11 @@ class LocalLocation(Location):
     def join(self, name: str) -> Location:
         return LocalLocation(join_url(self.url, name), os.path.join(self.path, *name.split("/")))
 
+    def beside(self, name: str) -> Location:
+        url = self.url.rstrip("/")
+        url = f"{url.rsplit('/', 1)[0]}/{name}" if "/" in url else name
+        return LocalLocation(url, os.path.join(os.path.dirname(self.path), *name.split("/")))
+
     def list_objects(self) -> list[ObjectInfo]:
         out: list[ObjectInfo] = []
         if not os.path.isdir(self.path):

@@ -32,7 +32,12 @@ from restorepoint.format import (
     limits,
     restore_point_digest,
 )
-from restorepoint.format.manifest import ENCRYPTION_SCHEMES, KNOWN_FEATURES
+from restorepoint.format.manifest import (
+    ENCRYPTION_SCHEMES,
+    KNOWN_FEATURES,
+    MAX_WORLD_SIZE,
+    MULTIPART_FEATURE,
+)
 from restorepoint.testing.forge import Parts, assemble, sample_head
 from restorepoint.trust import (
     FEATURE,
@@ -660,7 +665,10 @@ def test_schema_constants_equal_the_code(schema: dict[str, Any]) -> None:
     assert defs["path"]["maxLength"] == limits.MAX_PATH_BYTES
     assert defs["path"]["pattern"].endswith(f"{{0,{limits.MAX_PATH_DEPTH - 1}}}$")
     features = defs["head"]["properties"]["required_features"]["items"]["enum"]
-    assert features == sorted(KNOWN_FEATURES) == [FEATURE, PLANES_FEATURE]
+    assert features == sorted(KNOWN_FEATURES) == [FEATURE, MULTIPART_FEATURE, PLANES_FEATURE]
+    assert defs["head"]["properties"]["parts"]["properties"]["world_size"]["maximum"] == (
+        MAX_WORLD_SIZE
+    )
     assert [defs["encryption"]["properties"]["scheme"]["const"]] == sorted(ENCRYPTION_SCHEMES)
     assert defs["encryption"]["properties"]["scheme"]["const"] == SCHEME
     assert defs["signature_block"]["properties"]["payload_type"]["const"] == PAYLOAD_TYPE

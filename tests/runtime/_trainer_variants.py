@@ -234,7 +234,28 @@ def ddp_main(argv: list[str]) -> int:
     parser.add_argument("--stop-at", type=int, help="rank 0 requests a stop before this commit")
     parser.add_argument("--snapshot-every", type=int)
     parser.add_argument("--pack-delay", type=float, help="seconds each pack waits first")
+    parser.add_argument(
+        "--root-per-rank", action="store_true", help="each rank its own node: ROOT/nodeR"
+    )
+    parser.add_argument("--sigterm-at", type=int, help="every rank gets SIGTERM at this step")
+    parser.add_argument(
+        "--kill-in-upload", type=int, help="this rank is SIGKILLed while its part uploads"
+    )
     args = parser.parse_args(argv)
+    if args.root_per_rank:
+        args.root = args.root / f"node{args.rank}"
+    if args.kill_in_upload == args.rank:
+        from restorepoint.format.writer import Writer
+
+        real_add = Writer.add
+
+        def dying_add(self: Any, *a: Any, **k: Any) -> Any:
+            # Killed in the middle of its part's upload: the head is out, no file yet.
+            if self.head.part is not None:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_add(self, *a, **k)
+
+        Writer.add = dying_add  # type: ignore[method-assign]
     if args.pack_delay:
         from restorepoint.runtime import run as runtime_run
 
@@ -293,6 +314,8 @@ def ddp_main(argv: list[str]) -> int:
                     scheduler.step()
                     if args.stop_at == run.step + 1 and args.rank == 0:
                         run.request_stop()
+                    if args.sigterm_at == run.step + 1:
+                        os.kill(os.getpid(), signal.SIGTERM)
                     run.commit()
                     print(f"step {run.step}", flush=True)
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.out)

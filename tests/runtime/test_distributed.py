@@ -1,6 +1,7 @@
 """Two CPU ranks over gloo (two subprocesses, a file:// rendezvous in tmp_path: no port to
 choose): a DDP model on ResumableRun with a store. A stop requested on rank 0 only is agreed by
-both ranks, which exit 42 at the same step; one restore point holds both ranks' files; a
+both ranks, which exit 42 at the same step; one restore point holds both ranks' files (a part
+each, spec section 25); a
 2-rank resume ends bit for bit where an uninterrupted 2-rank run ends, from the run directory
 and from the store on a fresh machine. Without a process group the same code runs alone."""
 
@@ -20,7 +21,12 @@ torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 if not torch.distributed.is_available():
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
-from restorepoint.ops import import_restore_point, list_store, read_manifest  # noqa: E402
+from restorepoint.ops import (  # noqa: E402
+    import_restore_point,
+    list_store,
+    read_manifest,
+    verify,
+)
 
 from . import _trainer_variants as tv  # noqa: E402
 
@@ -122,7 +128,10 @@ def test_stop_on_rank_0_is_agreed_published_once_and_resumes_bit_for_bit(
         assert (state["rank"], state["world_size"], state["position"]["step"]) == (r, 2, 5)
     (entry,) = list_store(store)
     assert (entry.step, entry.run) == (5, run_dir.name)
-    paths = sorted(e.path for e in read_manifest(entry.url).payload or ())
+    # One commit, a part per rank (spec section 25): rank 0's holds the position sidecar.
+    assert read_manifest(entry.url).payload == ()
+    report = verify(entry.url)
+    paths = sorted(e.path for p in report.parts for e in p.manifest.payload or ())
     assert paths == ["last.rank0.pt", "last.rank1.pt", "position.json"]
     status = json.loads((run_dir / "run_status.json").read_text())
     assert (status["status"], status["step"], status["resubmit_count"]) == ("preempted", 5, 1)
@@ -139,10 +148,12 @@ def test_stop_on_rank_0_is_agreed_published_once_and_resumes_bit_for_bit(
     ranks = launch(tmp_path, "store", "--root", str(fresh), "--store", store)
     assert [r.code for r in ranks] == [0, 0], ranks[0].err + ranks[1].err
     assert all("resumed 5 0 5" in r.out for r in ranks)
-    # One import, named after the restore point (its store name without .rp).
-    (imported,) = (fresh / run_dir.name / "imports").iterdir()
-    assert imported.name == entry.name.split("/")[1].removesuffix(".rp")
-    assert imported.name.startswith(f"{5:016d}-")
+    # One import a rank, named after the restore point (its store name without .rp): each
+    # rank imports its own part.
+    imported = sorted(p.name for p in (fresh / run_dir.name / "imports").iterdir())
+    stem = entry.name.split("/")[1].removesuffix(".rp")
+    assert imported == [f"{stem}.rank0", f"{stem}.rank1"]
+    assert stem.startswith(f"{5:016d}-")
     for tag in ("local", "store"):
         for r in (0, 1):
             tv.assert_same_state(final(reference, "ref", r), final(tmp_path, tag, r), f"{tag}{r}")

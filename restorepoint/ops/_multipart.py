@@ -1,0 +1,79 @@
+"""Reading multi-part restore points (spec section 25): where a commit's parts lie, and
+whether a part read is the one its commit names. Used by verify, import and prune; publishing
+is ``ops.parts``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import IntegrityError
+from ..format import Manifest, PartRef
+from ..storage import Location
+from ..trust import Trust
+
+__all__ = [
+    "PARTS_SUFFIX",
+    "check_part",
+    "missing_part",
+    "part_location",
+    "part_trust",
+    "parts_prefix",
+]
+
+#: A commit ``STEM.rp`` keeps its parts under ``STEM.parts/``.
+PARTS_SUFFIX = ".parts"
+
+
+def parts_prefix(commit_name: str) -> str:
+    """The prefix of a commit's parts: its name without ``.rp``, then ``.parts``."""
+    return commit_name.removesuffix(".rp") + PARTS_SUFFIX
+
+
+def part_location(commit: Location, ref: PartRef) -> Location:
+    """Where the part ``ref`` of the commit at ``commit`` lies."""
+    stem = commit.url.rstrip("/").rsplit("/", 1)[-1]
+    return commit.beside(f"{parts_prefix(stem)}/{ref.name}")
+
+
+def check_part(  # noqa: PLR0913 - the commit, the part's reference and what was read of it
+    commit: Manifest,
+    ref: PartRef,
+    part: Manifest,
+    *,
+    digest: str,
+    size: int,
+    url: str,
+) -> None:
+    """The part read at ``url`` is the one ``commit`` names: its digest (which pins its head
+    and index), size and id, and its head names the commit, the rank, the world size, the run
+    and the position. Anything else is an IntegrityError."""
+    assert commit.parts is not None
+    expected: list[tuple[str, Any, Any]] = [
+        ("digest", ref.digest, digest),
+        ("size", ref.size, size),
+        ("id", ref.id, part.id),
+        ("commit", commit.id, part.part.commit if part.part else None),
+        ("rank", ref.rank, part.part.rank if part.part else None),
+        ("world size", commit.parts.world_size, part.part.world_size if part.part else None),
+        ("run", commit.run, part.run),
+        ("position", commit.position, part.position),
+    ]
+    for what, want, found in expected:
+        if want != found:
+            raise IntegrityError(
+                f"part {ref.name} is not the one its commit names ({what} differs)",
+                url=url,
+                expected=str(want),
+                found=str(found),
+            )
+
+
+def missing_part(ref: PartRef, url: str) -> IntegrityError:
+    """A commit whose part is gone is no sound restore point (a part deleted by hand)."""
+    return IntegrityError(f"part {ref.name} of this commit is missing", url=url)
+
+
+def part_trust(trust: Trust) -> Trust:
+    """A part is trusted through its commit (whose signature covers its digest); only the
+    identity that opens an encrypted payload carries over."""
+    return Trust(identity=trust.identity)

@@ -1,0 +1,149 @@
+"""Multi-part restore points (spec section 25): a part per rank, and a commit published last.
+
+    every rank:  publish_part(its files)  ->  STORE/RUN/STEM.parts/rank-RRRRR.rp  (create-only)
+    rank 0:      publish_commit(the refs) ->  STORE/RUN/STEM.rp                    (create-only)
+
+A part is an ordinary object (format 1.1, ``multipart/1``) that no listing takes for a restore
+point: it lies one level deeper than store names, and its head says which commit it belongs
+to. The commit is a small object with no payload whose head holds everything the gate reads
+(trainer, terms, config, position, run) plus the world size and every part by its restore point
+digest, which pins the part's head, its index and so each of its files' sha256. A reader
+therefore sees all parts or none: the commit exists only once every part it names was
+published, and a part that is not the one named (replaced, truncated, another run's) fails.
+
+Each rank's bytes go from that rank to the store and back, never through another node: a rank
+packs and uploads its own part, and imports the shared part and its own.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import UsageError
+from ..format import PartOf, PartRef, Parts
+from ..storage import Location
+from ._multipart import PARTS_SUFFIX, check_part, part_location, parts_prefix
+from ._naming import entry_name
+from .pack import pack_spec
+from .publish import PublishResult, publish
+from .spec import HeadSpec, PackOptions, created_now
+from .store import _store
+
+__all__ = [
+    "PARTS_SUFFIX",
+    "CommitPlan",
+    "check_part",
+    "part_location",
+    "parts_prefix",
+    "publish_commit",
+    "publish_part",
+]
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    """What every rank agrees on before it publishes its part: the commit's id and time (so
+    its store name, under which the parts go), the world size, and whether the state may be
+    resumed on another world size. Rank 0 makes it and hands it to the others."""
+
+    id: str
+    created: str
+    world_size: int
+    reshardable: bool = False
+
+    @classmethod
+    def new(cls, world_size: int, *, reshardable: bool = False) -> CommitPlan:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise UsageError(f"world size must be at least 1, not {world_size!r}")
+        return cls(secrets.token_hex(16), created_now(), world_size, reshardable)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "created": self.created,
+            "id": self.id,
+            "reshardable": self.reshardable,
+            "world_size": self.world_size,
+        }
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> CommitPlan:
+        return cls(
+            str(value["id"]),
+            str(value["created"]),
+            int(value["world_size"]),
+            bool(value["reshardable"]),
+        )
+
+    def commit_name(self, spec: HeadSpec) -> str:
+        """The commit's store name (``RUN/STEM.rp``): known before any part is published."""
+        return entry_name(replace(spec.manifest, id=self.id, created=self.created))
+
+    def part_spec(self, spec: HeadSpec, rank: int | None) -> HeadSpec:
+        return replace(
+            spec,
+            part=PartOf(self.id, rank, self.world_size),
+            parts=None,
+            created=self.created,
+            rp_id=None,
+        )
+
+    def commit_spec(self, spec: HeadSpec, refs: Sequence[PartRef]) -> HeadSpec:
+        parts = Parts(self.world_size, self.reshardable, tuple(sorted(refs, key=lambda r: r.name)))
+        # Checked as a reader checks it: one part per rank, names as the ranks say.
+        Parts.from_dict(parts.to_dict())
+        return replace(spec, parts=parts, part=None, created=self.created, rp_id=self.id)
+
+
+def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank and options
+    source: str | os.PathLike[str],
+    store: str | Location,
+    spec: HeadSpec,
+    plan: CommitPlan,
+    *,
+    rank: int | None,
+    options: PackOptions = PackOptions(),
+    include: Sequence[str] | None = None,
+) -> PartRef:
+    """Pack ``source`` (or its files ``include``) as the part of ``rank`` (None: the part all
+    ranks share) of the commit ``plan`` describes, create-only under the commit's parts
+    prefix. Nothing is a restore point until ``publish_commit`` names the part."""
+    if rank is not None and not 0 <= rank < plan.world_size:
+        raise UsageError(f"rank {rank} is not below the world size {plan.world_size}")
+    location = _store(store, options.storage_options)
+    name = PartRef.name_for(rank)
+    target = location.join(f"{parts_prefix(plan.commit_name(spec))}/{name}")
+    result = pack_spec(
+        source,
+        target,
+        plan.part_spec(spec, rank),
+        options,
+        into_store=False,
+        create_only=True,
+        include=include,
+    )
+    return PartRef(name, rank, result.id, result.digest, result.size)
+
+
+def publish_commit(  # noqa: PLR0913 - the commit's store, head, plan, parts and retention
+    store: str,
+    spec: HeadSpec,
+    plan: CommitPlan,
+    refs: Sequence[PartRef],
+    options: PackOptions = PackOptions(),
+    *,
+    keep_last: int | None = None,
+    handoff: str | os.PathLike[str] | None = None,
+) -> PublishResult:
+    """Publish the commit naming ``refs`` (every rank's part, and the shared one if any),
+    through the one publish (spec 19.7): create-only under its store name, then the handoff,
+    then the prune with it protected. Only now is there a new restore point."""
+    if not store.endswith("/"):
+        raise UsageError("a multi-part restore point goes into a store (a URL ending in /)")
+    commit = plan.commit_spec(spec, refs)
+    with tempfile.TemporaryDirectory(prefix="rp-commit-") as empty:
+        return publish(empty, store, commit, options, keep_last=keep_last, handoff=handoff)

@@ -363,6 +363,7 @@ def build() -> list[Vector]:
     _payload(v)
     _planes(v)
     _paths(v)
+    _multipart(v)
     names = [x.name for x in v.items]
     assert len(names) == len(set(names)), "vector names must be unique"
     return v.items
@@ -458,6 +459,77 @@ def _valid(v: Vectors) -> None:
         parts_of(deepest),
         deepest,
         "A path of exactly MAX_PATH_DEPTH (128) components, beside one of a single component.",
+    )
+
+
+#: A commit's parts member (spec section 25): two ranks and a shared part.
+_REF = {"digest": "ab" * 32, "id": "cd" * 16, "size": 4096}
+MULTIPART_PARTS = {
+    "objects": [
+        {**_REF, "name": "rank-00000.rp", "rank": 0},
+        {**_REF, "name": "rank-00001.rp", "rank": 1},
+        {**_REF, "name": "shared.rp", "rank": None},
+    ],
+    "reshardable": False,
+    "world_size": 2,
+}
+MULTIPART_PART = {"commit": "0123456789abcdef" * 2, "rank": 1, "world_size": 2}
+
+
+def _multipart_head(**head: Any) -> Parts:
+    """A 1.1 object that lists multipart/1 (its files: the small ones, unless emptied)."""
+    parts = small(format_version="1.1", required_features=["multipart/1"], **head)
+    parts.minor = 1
+    return parts
+
+
+def _multipart(v: Vectors) -> None:
+    v.valid(
+        "valid-multipart-part",
+        _multipart_head(part=MULTIPART_PART),
+        small_files(),
+        "Rank 1's part of a two-rank restore point (1.1, multipart/1).",
+    )
+    parts = small(parts=MULTIPART_PARTS)
+    v.broken(
+        "multipart-parts-without-feature",
+        "MalformedManifest",
+        "A head with parts whose required_features does not list multipart/1.",
+        parts,
+    )
+    v.broken(
+        "multipart-both-members",
+        "MalformedManifest",
+        "A head listing multipart/1 with both parts and part.",
+        _multipart_head(parts=MULTIPART_PARTS, part=MULTIPART_PART),
+    )
+    v.broken(
+        "multipart-neither-member",
+        "MalformedManifest",
+        "A head listing multipart/1 with neither parts nor part.",
+        _multipart_head(),
+    )
+    missing = {**MULTIPART_PARTS, "objects": MULTIPART_PARTS["objects"][1:]}
+    commit = parts_of({}, format_version="1.1", required_features=["multipart/1"])
+    commit.minor = 1
+    commit.head["parts"] = missing
+    v.broken(
+        "multipart-rank-without-part",
+        "MalformedManifest",
+        "A commit of two ranks that names a part for rank 1 only.",
+        commit,
+    )
+    v.broken(
+        "multipart-commit-with-payload",
+        "MalformedManifest",
+        "A commit whose payload is not empty: its parts hold the files.",
+        _multipart_head(parts=MULTIPART_PARTS),
+    )
+    v.broken(
+        "multipart-rank-beyond-world",
+        "MalformedManifest",
+        "A part of rank 2 in a world of two.",
+        _multipart_head(part={**MULTIPART_PART, "rank": 2}),
     )
 
 

@@ -8,12 +8,7 @@ and from the store on a fresh machine. Without a process group the same code run
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,52 +24,11 @@ from restorepoint.ops import (  # noqa: E402
 )
 
 from . import _trainer_variants as tv  # noqa: E402
+from ._ranks import final, launch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(tv.__file__)
 TOTAL = tv.total_steps()
-
-
-@dataclass
-class Rank:
-    code: int
-    out: list[str]
-    err: str
-
-
-def launch(workdir: Path, tag: str, *args: str, world: int = 2) -> list[Rank]:
-    """Run every rank of one job to its end; ``--out`` of rank r is workdir/TAG-r.pt."""
-    env = {k: v for k, v in os.environ.items() if k != "SUBMITIT_PREEMPT_SIGNAL"}
-    if Path("/sys/class/net/lo").exists():
-        # gloo picks an interface by the host name otherwise, which need not resolve.
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    init = f"file://{workdir / f'rendezvous-{tag}'}"
-    procs = []
-    for r in range(world):
-        out = workdir / f"{tag}-{r}.pt"
-        cmd = [sys.executable, str(SCRIPT), "ddp", "--rank", str(r), "--world", str(world),
-               "--init", init, "--out", str(out), *args]  # fmt: skip
-        procs.append(
-            subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-            )
-        )
-    ranks = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=150)
-            ranks.append(Rank(p.returncode, out.splitlines(), err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return ranks
-
-
-def final(workdir: Path, tag: str, rank: int) -> dict[str, Any]:
-    return torch.load(workdir / f"{tag}-{rank}.pt", weights_only=False)  # type: ignore[no-any-return]
 
 
 def rank_step(path: Path) -> int:

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,54 +25,11 @@ if not torch.distributed.is_available():
 from restorepoint.ops import latest, list_store, verify  # noqa: E402
 
 from . import _trainer_variants as tv  # noqa: E402
+from ._ranks import final, launch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(tv.__file__)
 TOTAL = tv.total_steps()
-
-
-@dataclass
-class Rank:
-    code: int
-    out: list[str]
-    err: str
-
-
-def launch(
-    workdir: Path, tag: str, *args: str, world: int, env: dict[str, str] | None = None
-) -> list[Rank]:
-    base = dict(env if env is not None else os.environ)
-    base.pop("SUBMITIT_PREEMPT_SIGNAL", None)
-    if Path("/sys/class/net/lo").exists():
-        base["GLOO_SOCKET_IFNAME"] = "lo"
-    init = f"file://{workdir / f'rendezvous-{tag}'}"
-    procs = []
-    for r in range(world):
-        cmd = [sys.executable, str(SCRIPT), "ddp", "--rank", str(r), "--world", str(world),
-               "--out", str(workdir / f"{tag}-{r}.pt"), "--root-per-rank", *args]  # fmt: skip
-        if world > 1:
-            cmd += ["--init", init]
-        procs.append(
-            subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base
-            )
-        )
-    ranks = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=240)
-            ranks.append(Rank(p.returncode, out.splitlines(), err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return ranks
-
-
-def final(workdir: Path, tag: str, rank: int) -> dict[str, Any]:
-    return torch.load(workdir / f"{tag}-{rank}.pt", weights_only=False)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +38,7 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     out = {}
     for world in (2, 4):
         work = tmp_path_factory.mktemp(f"ref{world}")
-        ranks = launch(work, "ref", "--root", str(work / "runs"), world=world)
+        ranks = launch(work, "ref", "--root", str(work / "runs"), per_rank_root=True, world=world)
         assert [r.code for r in ranks] == [0] * world, "".join(r.err for r in ranks)
         out[world] = work
     return out
@@ -111,7 +65,7 @@ def test_sigterm_on_every_rank_then_resume_on_fresh_nodes(
     step = random.Random(os.urandom(8)).randrange(2, TOTAL - 1)
     print(f"SIGTERM at step {step}")
     args = ("--root", str(tmp_path / "a"), "--store", store, "--sigterm-at", str(step))
-    ranks = launch(tmp_path, "pre", *args, world=world, env=env)
+    ranks = launch(tmp_path, "pre", *args, per_rank_root=True, world=world, env=env)
     assert [r.code for r in ranks] == [42] * world, "".join(r.err for r in ranks)
     # Each node holds its own rank's file only: nothing was shared but the store.
     for r in range(world):
@@ -129,7 +83,7 @@ def test_sigterm_on_every_rank_then_resume_on_fresh_nodes(
     )
     # Fresh nodes: each rank imports its own part from the store and trains to the end.
     ranks = launch(tmp_path, "res", "--root", str(tmp_path / "b"), "--store", store,
-                   world=world, env=env)  # fmt: skip
+                   per_rank_root=True, world=world, env=env)  # fmt: skip
     assert [r.code for r in ranks] == [0] * world, "".join(r.err for r in ranks)
     assert all(f"resumed {step}" in " ".join(r.out) for r in ranks)
     for r in range(world):
@@ -155,20 +109,29 @@ def test_a_rank_killed_in_its_upload_leaves_the_previous_newest(
     store = f"{tmp_path / 'store'}/"
     first = 3
     args = ("--root", str(tmp_path / "a"), "--store", store, "--sigterm-at", str(first))
-    ranks = launch(tmp_path, "pre", *args, world=2)
+    ranks = launch(tmp_path, "pre", *args, per_rank_root=True, world=2)
     assert [r.code for r in ranks] == [42, 42], "".join(r.err for r in ranks)
     before = latest(store, verify_it=True)
     assert before.step == first
     # Resumed, and at the next snapshot rank 1 dies while its part uploads.
     args = ("--root", str(tmp_path / "a"), "--store", store, "--sigterm-at", str(first + 3),
             "--kill-in-upload", "1")  # fmt: skip
-    ranks = launch(tmp_path, "killed", *args, world=2)
+    ranks = launch(tmp_path, "killed", *args, per_rank_root=True, world=2)
     assert ranks[1].code == -9
     assert ranks[0].code != 0
     assert [e.url for e in list_store(store)] == [before.url]
     assert latest(store, verify_it=True).url == before.url
     # The previous one resumes, on fresh nodes, to the uninterrupted end.
-    ranks = launch(tmp_path, "res", "--root", str(tmp_path / "b"), "--store", store, world=2)
+    ranks = launch(
+        tmp_path,
+        "res",
+        "--root",
+        str(tmp_path / "b"),
+        "--store",
+        store,
+        per_rank_root=True,
+        world=2,
+    )
     assert [r.code for r in ranks] == [0, 0], "".join(r.err for r in ranks)
     assert all(f"resumed {first}" in " ".join(r.out) for r in ranks)
     for r in (0, 1):
@@ -178,9 +141,18 @@ def test_a_rank_killed_in_its_upload_leaves_the_previous_newest(
 def test_another_world_size_is_refused(tmp_path: Path) -> None:
     store = f"{tmp_path / 'store'}/"
     args = ("--root", str(tmp_path / "a"), "--store", store, "--sigterm-at", "3")
-    ranks = launch(tmp_path, "pre", *args, world=2)
+    ranks = launch(tmp_path, "pre", *args, per_rank_root=True, world=2)
     assert [r.code for r in ranks] == [42, 42], "".join(r.err for r in ranks)
-    (alone,) = launch(tmp_path, "one", "--root", str(tmp_path / "b"), "--store", store, world=1)
+    (alone,) = launch(
+        tmp_path,
+        "one",
+        "--root",
+        str(tmp_path / "b"),
+        "--store",
+        store,
+        per_rank_root=True,
+        world=1,
+    )
     assert alone.code != 0
     assert "made by 2" in alone.err
     assert "not declared reshardable" in alone.err

@@ -9,12 +9,15 @@ bfloat16; under DDP every rank's is the same). Measured, side by side in one run
 median of ``--repeat`` rounds:
 
 - one rank: ``publish`` of its directory into a local store (what a single-process run does);
-- N ranks: every rank's ``publish_part`` at once, then rank 0's ``publish_commit`` (what a
-  multi-rank snapshot costs from the first byte to the commit point);
-- the commit alone (a head and an empty payload). Neither side prunes after its publish.
+- N ranks, each its own state: every rank's ``publish_part`` of its whole checkpoint at once,
+  then rank 0's ``publish_commit`` (state that differs on every rank, as sharded state does);
+- N ranks under DDP, as ``ResumableRun`` publishes them: what every rank holds alike goes once,
+  in rank 0's shared part, and each rank's part holds only its own small file (its RNG states
+  and position, ``--own-kib``); then the commit;
+- the commit alone (a head and an empty payload). No side prunes after its publish.
 
-The ratio N ranks / one rank is the price of every rank's state against one's. On one machine
-the ranks share CPU and disk, so the ratio is an upper bound of what separate nodes see.
+The ratios against one rank are the price of a multi-rank snapshot against one rank's. On one
+machine the ranks share CPU and disk, so they are upper bounds of what separate nodes see.
 """
 
 from __future__ import annotations
@@ -41,10 +44,30 @@ def _write_rank(directory: Path) -> int:
     return sum(write_checkpoint(directory).values())
 
 
-def _part(args: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
+def _part(args: tuple[str, str, dict[str, Any], int | None]) -> dict[str, Any]:
     source, store, plan, rank = args
     ref = publish_part(source, store, SPEC, CommitPlan.from_dict(plan), rank=rank)
     return ref.to_dict()
+
+
+def _ddp_rank(args: tuple[str, str | None, str, dict[str, Any], int]) -> list[dict[str, Any]]:
+    """One DDP rank: its own small part; rank 0 also the shared part."""
+    own, shared, store, plan, rank = args
+    refs = [_part((own, store, plan, rank))]
+    if shared is not None:
+        refs.append(_part((shared, store, plan, None)))
+    return refs
+
+
+def _timed_commit(pool: Any, store: str, ranks: int, func: Any, jobs: Any) -> tuple[float, float]:
+    plan = CommitPlan.new(ranks)
+    started = time.perf_counter()
+    got = pool.map(func, [(*job[:-1], plan.to_dict(), job[-1]) for job in jobs])
+    refs = [r for item in got for r in (item if isinstance(item, list) else [item])]
+    mid = time.perf_counter()
+    publish_commit(store, SPEC, plan, [PartRef(**r) for r in refs])
+    done = time.perf_counter()
+    return done - started, done - mid
 
 
 def main() -> None:
@@ -53,13 +76,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--own-kib", type=int, default=16, help="each DDP rank's own file (RNG, position)"
+    )
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="rp-bench-multipart-"))
     sources = [work / f"node{r}" for r in range(args.ranks)]
     size = 0
     for d in sources:
         size = _write_rank(d)
-    one, many, commit = [], [], []
+    owns = [work / f"own{r}" for r in range(args.ranks)]
+    for r, d in enumerate(owns):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"last.rank{r}.pt").write_bytes(os.urandom(args.own_kib * 1024))
+    one, many, ddp, commit = [], [], [], []
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(args.ranks) as pool:
         for i in range(args.repeat):
@@ -68,24 +98,25 @@ def main() -> None:
             publish(sources[0], store, SPEC.at(SPEC.position), PackOptions())  # type: ignore[arg-type]
             one.append(time.perf_counter() - started)
             store = f"{work / f'mstore{i}'}/"
-            plan = CommitPlan.new(args.ranks)
-            started = time.perf_counter()
-            refs = pool.map(
-                _part, [(str(d), store, plan.to_dict(), r) for r, d in enumerate(sources)]
-            )
-            mid = time.perf_counter()
-            publish_commit(store, SPEC, plan, [PartRef(**r) for r in refs])
-            done = time.perf_counter()
-            many.append(done - started)
-            commit.append(done - mid)
+            each = [(str(d), store, r) for r, d in enumerate(sources)]
+            total, last = _timed_commit(pool, store, args.ranks, _part, each)
+            many.append(total)
+            commit.append(last)
+            store = f"{work / f'dstore{i}'}/"
+            jobs = [
+                (str(d), str(sources[0]) if r == 0 else None, store, r) for r, d in enumerate(owns)
+            ]
+            ddp.append(_timed_commit(pool, store, args.ranks, _ddp_rank, jobs)[0])
     result = {
         "ranks": args.ranks,
         "mib_per_rank": round(size / 2**20, 1),
         "cores": os.cpu_count(),
         "one_rank_s": statistics.median(one),
         "all_ranks_s": statistics.median(many),
+        "ddp_s": statistics.median(ddp),
         "commit_s": statistics.median(commit),
     }
+    result["ddp_ratio"] = result["ddp_s"] / result["one_rank_s"]
     result["ratio"] = result["all_ranks_s"] / result["one_rank_s"]
     if args.json:
         print(json.dumps(result))
@@ -95,9 +126,11 @@ def main() -> None:
         f"{os.cpu_count()} cores, median of {args.repeat}"
     )
     print(f"  one rank publish           {result['one_rank_s']:8.3f} s")
-    print(f"  {args.ranks} ranks: parts + commit    {result['all_ranks_s']:8.3f} s")
+    print(f"  {args.ranks} ranks, each its own state {result['all_ranks_s']:8.3f} s")
     print(f"    of which the commit      {result['commit_s']:8.3f} s")
-    print(f"  ratio all ranks / one rank {result['ratio']:8.2f}")
+    print(f"  {args.ranks} ranks under DDP (once) {result['ddp_s']:8.3f} s")
+    print(f"  ratio each own / one rank  {result['ratio']:8.2f}")
+    print(f"  ratio DDP / one rank       {result['ddp_ratio']:8.2f}")
 
 
 if __name__ == "__main__":

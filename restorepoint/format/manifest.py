@@ -413,7 +413,7 @@ class Manifest:
             )
         if encryption is not None:
             _check_encryption(encryption)
-        parts, part = _multipart(obj, features)
+        parts, part = _multipart(obj, features, version)
         run = obj.get("run", None)
         if run is not None and not RUN_PATTERN.fullmatch(_str(run, "run")):
             raise MalformedManifest(
@@ -494,9 +494,18 @@ class Manifest:
         return self.with_payload(entries)
 
 
-def _multipart(obj: dict[str, Any], features: list[str]) -> tuple[Parts | None, PartOf | None]:
-    """``parts`` (a commit) or ``part`` (a part): exactly one, and only with multipart/1."""
+def _multipart(
+    obj: dict[str, Any], features: list[str], version: str
+) -> tuple[Parts | None, PartOf | None]:
+    """``parts`` (a commit) or ``part`` (a part): exactly one, only with multipart/1, and only
+    in a head of the minor version that brought it (1.1) or a later one."""
     has_parts, has_part = "parts" in obj, "part" in obj
+    minor = tuple(int(n) for n in version.split("."))
+    if MULTIPART_FEATURE in features and minor < (1, 1):
+        raise MalformedManifest(
+            f"{MULTIPART_FEATURE!r} needs format_version {MULTIPART_VERSION} or later, "
+            f"not {version}"
+        )
     if MULTIPART_FEATURE not in features:
         if has_parts or has_part:
             raise MalformedManifest(

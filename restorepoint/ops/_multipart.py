@@ -4,16 +4,18 @@ is ``ops.parts``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import IntegrityError
-from ..format import Manifest, PartRef
+from ..format import Manifest, PartRef, check_paths
 from ..storage import Location
 from ..trust import Trust
 
 __all__ = [
     "PARTS_SUFFIX",
     "check_part",
+    "check_part_paths",
     "missing_part",
     "part_location",
     "part_trust",
@@ -66,6 +68,14 @@ def check_part(  # noqa: PLR0913 - the commit, the part's reference and what was
                 expected=str(want),
                 found=str(found),
             )
+
+
+def check_part_paths(parts: Iterable[Manifest]) -> None:
+    """The parts' files together follow the path rules, as one payload's would: no two parts
+    hold the same path, or a path and a directory of the same name (spec 25.3). UnsafePath
+    otherwise."""
+    paths = [e.path for m in parts for e in m.payload or ()]
+    check_paths(sorted(paths, key=lambda p: p.encode()))
 
 
 def missing_part(ref: PartRef, url: str) -> IntegrityError:

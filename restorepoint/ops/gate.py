@@ -39,6 +39,7 @@ __all__ = [
     "FIELDS",
     "HANDOFF_FORMAT",
     "UNSET",
+    "WORLD_FIELD",
     "CheckResult",
     "Expectations",
     "Mismatch",
@@ -49,8 +50,10 @@ __all__ = [
     "handoff_document",
     "load_expectations",
     "mismatches",
+    "recorded_world",
     "refuse",
     "views_of",
+    "world_mismatch",
     "write_handoff",
 ]
 
@@ -75,6 +78,10 @@ UNSET: Final = Unset.UNSET
 #: The gate's fields in the order mismatches are reported. ``config`` stands for the config and
 #: its identity: one of them known is the field known.
 FIELDS = ("trainer", "terms", "cache_root", "cache_keys", "config")
+
+#: Compared when a view knows it, and never "unknown here": an import that names no world
+#: resumes nothing rank by rank (it takes every part), so no world size is needed (spec 25.4).
+WORLD_FIELD = "world_size"
 
 #: What to give so that a field is known here (the CLI's words; the runtime passes its own).
 CLI_HINTS: Mapping[str, str] = {
@@ -103,14 +110,17 @@ class Expectations:
     config: Mapping[str, Any] | Unset = UNSET
     #: used only when no config is given
     config_identity: str | Unset | None = UNSET
+    #: the number of ranks this machine's job resumes on (spec 25.4)
+    world_size: int | Unset = UNSET
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def empty(self) -> bool:
-        return not any(self.knows(name) for name in FIELDS)
+        return not any(self.knows(name) for name in (*FIELDS, WORLD_FIELD))
 
     def knows(self, name: str) -> bool:
-        """Whether this view has a value for the gate field ``name`` (one of FIELDS)."""
+        """Whether this view has a value for the gate field ``name`` (one of FIELDS, or
+        ``world_size``)."""
         if name == "config":
             return self.config is not UNSET or self.config_identity is not UNSET
         return getattr(self, name) is not UNSET
@@ -125,7 +135,7 @@ class Expectations:
 
     def from_source(self, source: str) -> Expectations:
         """These expectations with ``source`` named for every known field that names none."""
-        sources = {n: source for n in FIELDS if self.knows(n)}
+        sources = {n: source for n in (*FIELDS, WORLD_FIELD) if self.knows(n)}
         return replace(self, sources={**sources, **self.sources})
 
     def merged(self, overrides: Expectations) -> Expectations:
@@ -133,7 +143,7 @@ class Expectations:
         and cache keys, which are merged name by name (and their sources joined)."""
         out = self
         sources = dict(self.sources)
-        for name in (*FIELDS, "config_identity"):
+        for name in (*FIELDS, "config_identity", WORLD_FIELD):
             new = getattr(overrides, name)
             if new is UNSET:
                 continue
@@ -164,7 +174,7 @@ class Expectations:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for name in (*FIELDS, "config_identity"):
+        for name in (*FIELDS, "config_identity", WORLD_FIELD):
             value = getattr(self, name)
             if value is UNSET:
                 continue
@@ -208,7 +218,10 @@ class Mismatch:
             return f"{self.field}: unknown here{hint}; in the restore point {found}"
         here = _show(self.expected, self.expected_present)
         source = f" ({self.source})" if self.source else ""
-        return f"{self.field}: here {here}{source}, in the restore point {found}"
+        line = f"{self.field}: here {here}{source}, in the restore point {found}"
+        if self.field == WORLD_FIELD:
+            line += " (its state is not declared reshardable)"
+        return line
 
 
 def _show(value: Any, present: bool) -> str:
@@ -335,7 +348,26 @@ def mismatches(
                 if key not in seen:
                     seen.add(key)
                     out.append(m)
+    worlds = {v.world_size: v.source(WORLD_FIELD) for v in views if isinstance(v.world_size, int)}
+    for world_size, source in sorted(worlds.items()):
+        found = world_mismatch(manifest, world_size, source)
+        if found is not None:
+            out.append(found)
     return out
+
+
+def recorded_world(manifest: Manifest) -> int:
+    """The world size a restore point was made by: its commit's, else 1 (spec 25.4)."""
+    return manifest.parts.world_size if manifest.parts is not None else 1
+
+
+def world_mismatch(manifest: Manifest, world_size: int, source: str | None) -> Mismatch | None:
+    """A resume on ``world_size`` ranks of a restore point made by another number, unless
+    its state is declared reshardable (spec 25.4); None when it may go on."""
+    found = recorded_world(manifest)
+    if found == world_size or (manifest.parts is not None and manifest.parts.reshardable):
+        return None
+    return Mismatch(WORLD_FIELD, world_size, found, source=source)
 
 
 def _config_mismatches(

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import IntegrityError, UsageError
 from ..format import PartOf, PartRef, Parts
 from ..storage import Location
 from ._multipart import PARTS_SUFFIX, check_part, part_location, parts_prefix
@@ -33,6 +33,7 @@ from .pack import pack_spec
 from .publish import PublishResult, publish
 from .spec import HeadSpec, PackOptions, created_now
 from .store import _store
+from .verify import verify
 
 __all__ = [
     "PARTS_SUFFIX",
@@ -108,10 +109,13 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
     rank: int | None,
     options: PackOptions = PackOptions(),
     include: Sequence[str] | None = None,
+    verify_it: bool = False,
 ) -> PartRef:
     """Pack ``source`` (or its files ``include``) as the part of ``rank`` (None: the part all
     ranks share) of the commit ``plan`` describes, create-only under the commit's parts
-    prefix. Nothing is a restore point until ``publish_commit`` names the part."""
+    prefix. Nothing is a restore point until ``publish_commit`` names the part. With
+    ``verify_it`` the part is read back and verified end to end, by this rank, before it is
+    named (what lets the prune after the commit trust its payload, spec 25.5)."""
     if rank is not None and not 0 <= rank < plan.world_size:
         raise UsageError(f"rank {rank} is not below the world size {plan.world_size}")
     location = _store(store, options.storage_options)
@@ -126,6 +130,14 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
         create_only=True,
         include=include,
     )
+    if verify_it and not options.encrypt_to:
+        # (An encrypted part can be read back only with a recipient's key, which a publisher
+        # need not hold.)
+        report = verify(target)
+        if (report.digest, report.size) != (result.digest, result.size):
+            raise IntegrityError(
+                "the part read back is not the one packed", url=target.url, expected=result.digest
+            )
     return PartRef(name, rank, result.id, result.digest, result.size)
 
 
@@ -138,12 +150,23 @@ def publish_commit(  # noqa: PLR0913 - the commit's store, head, plan, parts and
     *,
     keep_last: int | None = None,
     handoff: str | os.PathLike[str] | None = None,
+    parts_verified: bool = False,
 ) -> PublishResult:
     """Publish the commit naming ``refs`` (every rank's part, and the shared one if any),
     through the one publish (spec 19.7): create-only under its store name, then the handoff,
-    then the prune with it protected. Only now is there a new restore point."""
+    then the prune with it protected. Only now is there a new restore point.
+    ``parts_verified``: every part was read back by its rank (``publish_part(verify_it=True)``),
+    so the prune reads only their heads and indexes, not every rank's bytes (spec 25.5)."""
     if not store.endswith("/"):
         raise UsageError("a multi-part restore point goes into a store (a URL ending in /)")
     commit = plan.commit_spec(spec, refs)
     with tempfile.TemporaryDirectory(prefix="rp-commit-") as empty:
-        return publish(empty, store, commit, options, keep_last=keep_last, handoff=handoff)
+        return publish(
+            empty,
+            store,
+            commit,
+            options,
+            keep_last=keep_last,
+            handoff=handoff,
+            parts_verified=parts_verified,
+        )

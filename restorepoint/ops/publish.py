@@ -71,6 +71,7 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     handoff: str | os.PathLike[str] | None = None,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    parts_verified: bool = False,
 ) -> PublishResult:
     """Publish ``source`` (or its files ``include``) as a restore point of ``head``: into the
     store ``dest`` (a URL ending in "/"), create-only under its store name, or at the URL
@@ -78,7 +79,8 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     Then write the ``handoff`` file, then, with ``keep_last`` (a store only), prune the run to
     its newest ``keep_last`` with the new restore point protected (kept whatever the rules
     say). A failed pack raises and prunes nothing; a failed prune is returned in
-    ``prune_error``."""
+    ``prune_error``. ``parts_verified``: the new restore point is a commit whose ranks read
+    back and verified their own parts; the prune checks its parts up to the payload only."""
     into_store = is_store_url(dest)
     if keep_last is not None and not into_store:
         raise UsageError("--keep-last needs a store DEST (a URL ending in /)")
@@ -107,11 +109,13 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
         return PublishResult(result)
     location = _store(dest, options.storage_options)
     try:
+        name = entry_name(result.manifest)
         report = prune(
             location,
             keep_last=keep_last,
             run=result.manifest.run,
-            protect=[entry_name(result.manifest)],
+            protect=[name],
+            parts_verified=[name] if parts_verified else [],
         )
     except RestorePointError as exc:
         return PublishResult(result, prune_error=exc)

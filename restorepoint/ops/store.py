@@ -202,9 +202,11 @@ def entry_head(location: Location, entry: StoreEntry, trust: Trust = NO_TRUST) -
     return head
 
 
-def _verify_entry(location: Location, entry: StoreEntry, trust: Trust = NO_TRUST) -> None:
+def _verify_entry(
+    location: Location, entry: StoreEntry, trust: Trust = NO_TRUST, *, part_payloads: bool = True
+) -> None:
     """Verify end to end, and that the head says what the name says."""
-    _same(verify(location, trust=trust).manifest, location, entry)
+    _same(verify(location, trust=trust, part_payloads=part_payloads).manifest, location, entry)
 
 
 def _same(head: Manifest, location: Location, entry: StoreEntry) -> None:
@@ -347,11 +349,14 @@ def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
     now: float | None = None,
     protect: Iterable[str] = (),
     trust: Trust = NO_TRUST,
+    parts_verified: Iterable[str] = (),
 ) -> PruneReport:
     """Apply the retention rules to each run (or to ``run`` only) and clean leftovers of
     interrupted uploads older than ``grace``. See the module docstring for what is never
     deleted; ``protect`` adds store names that are kept whatever the rules say (pack protects
-    the restore point it has just published, even when an older run step sorts above it)."""
+    the restore point it has just published, even when an older run step sorts above it).
+    ``parts_verified``: commits just published whose parts' payloads their own ranks read back
+    and verified; their parts are checked here up to the payload only (spec 25.5)."""
     if keep_last is None and keep_every is None and keep_within is None:
         raise UsageError("prune needs a rule: --keep-last, --keep-every or --keep-within")
     if keep_last is not None and keep_last < 1:
@@ -361,6 +366,7 @@ def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
     within = parse_duration(keep_within) if isinstance(keep_within, str) else keep_within
     grace_s = parse_duration(grace) if isinstance(grace, str) else float(grace)
     location = _store(store, storage_options)
+    by_ranks = frozenset(parts_verified)
     with at_url(location.url):
         runs = _by_run(list_store(location, run=run))
         plans = [
@@ -371,7 +377,9 @@ def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
                 keep_last=keep_last,
                 keep_every=keep_every,
                 keep_within=within,
-                verify_entry=lambda loc, entry: _verify_entry(loc, entry, trust),
+                verify_entry=lambda loc, entry: _verify_entry(
+                    loc, entry, trust, part_payloads=entry.name not in by_ranks
+                ),
                 protect=set(protect),
             )
             for name, entries in sorted(runs.items())

@@ -52,9 +52,17 @@ from ..storage import (
     this_host,
     translate,
 )
-from ._multipart import check_part, missing_part, part_location, part_trust
+from ._multipart import check_part, check_part_paths, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_head, open_manifest
-from .gate import CLI_HINTS, CheckResult, Expectations, decide, refuse
+from .gate import (
+    CLI_HINTS,
+    CheckResult,
+    Expectations,
+    decide,
+    recorded_world,
+    refuse,
+    world_mismatch,
+)
 from .pack import default_threads
 
 __all__ = ["ImportResult", "import_restore_point"]
@@ -212,27 +220,25 @@ def _check_destination(target: str, force: bool) -> bool:
 
 def _check_world(url: str, head: Manifest, rank: int | None, world_size: int | None) -> None:
     """A part is no restore point; a rank must exist; the world must be the restore point's
-    unless its state reshards (spec 25.4)."""
+    unless its state reshards (the gate's rule, spec 25.4)."""
     if head.part is not None:
         raise IncompatibleRestorePoint(
             "this is one part of a multi-part restore point, not a restore point: import its "
             "commit (with --rank)",
             url=url,
         )
-    world = head.parts.world_size if head.parts is not None else 1
+    world = recorded_world(head)
     if rank is not None and not 0 <= rank < (world_size or world):
         raise UsageError(f"rank {rank} is not below the world size {world_size or world}")
-    if world_size is None or world_size == world:
-        return
-    if head.parts is not None and head.parts.reshardable:
-        return
-    raise IncompatibleRestorePoint(
-        f"refusing to resume on {world_size} rank(s): the restore point was made by {world} "
-        "and its state is not declared reshardable",
-        url=url,
-        mismatches=[{"field": "world_size", "expected": world_size, "found": world}],
-        details=[f"world_size: expected {world_size}, found {world}"],
-    )
+    found = None if world_size is None else world_mismatch(head, world_size, None)
+    if found is not None:
+        raise IncompatibleRestorePoint(
+            f"refusing to resume on {world_size} rank(s): the restore point was made by {world} "
+            "and its state is not declared reshardable",
+            url=url,
+            mismatches=[found.to_dict()],
+            details=[found.describe()],
+        )
 
 
 def _open_parts(
@@ -265,8 +271,7 @@ def _open_parts(
             )
             check_part(commit, ref, opened.manifest, digest=digest, size=reader.size, url=where.url)
         sources.append((opened.manifest, reader, opened.head.data_start, opened.cipher))
-    paths = sorted((e.path for m, *_ in sources for e in m.payload or ()), key=lambda p: p.encode())
-    check_paths(paths)
+    check_part_paths(m for m, *_ in sources)
     return sources
 
 

@@ -15,7 +15,7 @@ from ..errors import NotFound, at_url
 from ..format import Head, Manifest, PayloadDecoder, read_head, restore_point_digest
 from ..format import read_manifest as format_read_manifest
 from ..storage import Location, resolve
-from ._multipart import check_part, missing_part, part_location, part_trust
+from ._multipart import check_part, check_part_paths, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_manifest
 from .pack import default_threads
 
@@ -74,15 +74,21 @@ def verify(  # noqa: PLR0913 - public API: the reader's keyword options
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     trust: Trust = NO_TRUST,
+    part_payloads: bool = True,
 ) -> VerifyReport:
     """Verify the restore point at ``url``; raise an IntegrityError subclass naming the first
     fault found, or a StorageError if it cannot be read. Signatures present are always checked
     for validity, and against ``trust`` (trusted keys, a required signature) before anything
-    else of the manifest is believed; an encrypted payload needs ``trust.identity``."""
+    else of the manifest is believed; an encrypted payload needs ``trust.identity``.
+
+    A commit is verified with every part it names. Without ``part_payloads`` each part is
+    checked up to its payload only (head, index and tail, and that it is the part named, whose
+    digest pins each file's sha256), for a caller whose ranks verified their own parts' bytes
+    (the prune after a multi-rank publish, spec 25.5)."""
     started = time.perf_counter()
     location = resolve(url, storage_options)
     with at_url(location.url):
-        return _verify(location, started, threads, progress, on_start, trust)
+        return _verify(location, started, threads, progress, on_start, trust, part_payloads)
 
 
 def _verify(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from verify
@@ -92,6 +98,7 @@ def _verify(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from verify
     progress: Callable[[int], None] | None,
     on_start: Callable[[int], None] | None,
     trust: Trust,
+    part_payloads: bool = True,
 ) -> VerifyReport:
     report = _verify_object(location, started, threads, progress, on_start, trust)
     commit = report.manifest
@@ -104,7 +111,13 @@ def _verify(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from verify
         with at_url(where.url):
             try:
                 part = _verify_object(
-                    where, time.perf_counter(), threads, progress, None, part_trust(trust)
+                    where,
+                    time.perf_counter(),
+                    threads,
+                    progress,
+                    None,
+                    part_trust(trust),
+                    payload=part_payloads,
                 )
             except NotFound:
                 raise missing_part(ref, where.url) from None
@@ -112,6 +125,8 @@ def _verify(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from verify
                 commit, ref, part.manifest, digest=part.digest, size=part.size, url=where.url
             )
         parts.append(part)
+    # What a whole import would refuse, verify refuses: two parts' files that overlap.
+    check_part_paths(p.manifest for p in parts)
     return replace(
         report,
         files=sum(p.files for p in parts),
@@ -128,28 +143,23 @@ def _verify_object(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from _verif
     progress: Callable[[int], None] | None,
     on_start: Callable[[int], None] | None,
     trust: Trust,
+    *,
+    payload: bool = True,
 ) -> VerifyReport:
     reader = location.reader()
     try:
-        opened = open_manifest(reader, trust, need_key=True)
+        opened = open_manifest(reader, trust, need_key=payload)
         head, manifest = opened.head, opened.manifest
         assert manifest is not None
         assert opened.tail is not None
         if on_start is not None:
             on_start(manifest.total_size)
-        checked = 0
-        stream = reader.open_stream(head.data_start)
-        try:
-            decoder = PayloadDecoder(
-                manifest, stream, threads=threads or default_threads(), cipher=opened.cipher
-            )
-            for _entry, chunk in decoder.events():
-                if chunk is not None:
-                    checked += len(chunk)
-                    if progress is not None:
-                        progress(len(chunk))
-        finally:
-            stream.close()
+        # Without the payload: up to the index (a part whose bytes its own rank verified).
+        checked = (
+            _check_payload(reader, head, manifest, opened.cipher, threads, progress)
+            if payload
+            else 0
+        )
         size = reader.size
     finally:
         reader.close()
@@ -164,6 +174,31 @@ def _verify_object(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from _verif
         trusted_by=opened.signature.trusted_by if opened.signature else (),
         digest=restore_point_digest(manifest.id, head.head_sha256, opened.tail.index_sha256),
     )
+
+
+def _check_payload(  # noqa: PLR0913, PLR0917 - reader steps R9-R10, from _verify_object
+    reader: Any,
+    head: Head,
+    manifest: Manifest,
+    cipher: Any,
+    threads: int | None,
+    progress: Callable[[int], None] | None,
+) -> int:
+    """Every payload frame, in one sequential stream, each file's sha256 compared."""
+    checked = 0
+    stream = reader.open_stream(head.data_start)
+    try:
+        decoder = PayloadDecoder(
+            manifest, stream, threads=threads or default_threads(), cipher=cipher
+        )
+        for _entry, chunk in decoder.events():
+            if chunk is not None:
+                checked += len(chunk)
+                if progress is not None:
+                    progress(len(chunk))
+    finally:
+        stream.close()
+    return checked
 
 
 def read_head_of(url: str | Location, *, storage_options: dict[str, Any] | None = None) -> Head:

@@ -77,7 +77,18 @@ from .data import EpochSampler, effective_batches
 from .detect import TORCH_TERMS_SOURCE, torch_terms
 from .safe_load import safe_load
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
-from .state import STATE_FORMAT, rng_state, save_state, set_rng, to_cpu
+from .state import (
+    STATE_FORMAT,
+    load_state,
+    remove_other_shared,
+    rng_state,
+    save_state,
+    set_rng,
+    shared_file,
+    split_shared,
+    state_digest,
+    to_cpu,
+)
 from .worker import Snapshot, SnapshotWorker
 
 __all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
@@ -186,6 +197,7 @@ class ResumableRun:
         self.accept_older = accept_older
         self.trust = trust
         self.safe_globals = tuple(safe_globals)
+        self._rank, self._world = _distributed()
         self._view = self._local_view(trainer, terms, cache_keys, cache_root)
         sign = sign if sign is not None else os.environ.get(SIGNING_KEY_ENV) or None
         # One encode thread by default: on a small machine the pack must leave the training
@@ -214,7 +226,6 @@ class ResumableRun:
         # The error resume() raised, if any: under a supervisor it ends the trainer with its
         # exit code (3 for a gate refusal) instead of a traceback.
         self._refused: RestorePointError | None = None
-        self._rank, self._world = _distributed()
         # Each rank publishes its own part of a snapshot (spec section 25), on its worker
         # thread; the parts are gathered on a group of their own (gloo, whatever the training
         # backend), so that the training thread's collectives never meet the worker's.
@@ -241,6 +252,7 @@ class ResumableRun:
             "config": "ResumableRun(config)",
             "cache_keys": "ResumableRun(cache_keys=...)",
             "cache_root": "ResumableRun(cache_root=...)",
+            "world_size": "torch.distributed" if self._world > 1 else "one process",
         }
         if callable(cache_keys):
             cache_keys = cache_keys(self.config)
@@ -256,6 +268,7 @@ class ResumableRun:
             cache_keys={str(k): str(v) for k, v in dict(cache_keys or {}).items()},
             cache_root=cache_root,
             config=self.config,
+            world_size=self._world,
             sources=sources,
         )
 
@@ -488,7 +501,7 @@ class ResumableRun:
                 if self.is_main:
                     log.info("no checkpoint of run %s: starting fresh", self.run_id)
                 return self.position
-            state = safe_load(path, extra_globals=self.safe_globals)
+            state = load_state(path, extra_globals=self.safe_globals)
         except RestorePointError as exc:
             self._refused = exc
             # Outside a supervisor the error reaches the user as a traceback: its mismatches,
@@ -547,14 +560,50 @@ class ResumableRun:
             self._gate_handed(Path(handed))
             return Path(handed) / self._rank_file(), "supervisor import"
         local = self.directory.checkpoints / self._rank_file()
-        local_step = -1
-        if local.exists():
-            try:
-                sidecar = json.loads((local.parent / POSITION_FILE).read_text())
-                local_step = int(sidecar["step"])
-            except (OSError, ValueError, KeyError, TypeError):
-                state = safe_load(local, extra_globals=self.safe_globals)
-                local_step = int(state["position"]["step"]) if isinstance(state, dict) else -1
+        local_step = self._local_step(local)
+        steps: list[Any] = [local_step]
+        if self._world > 1:
+            # Every rank resumes from the same step: a rank killed while it saved (or a node
+            # that lost its disk) leaves the run directories at other steps, and then only the
+            # store has a snapshot of every rank.
+            steps = [None] * self._world
+            torch.distributed.all_gather_object(steps, local_step, group=self._group)
+            if len(set(steps)) > 1:
+                log.warning(
+                    "the ranks' run directories hold steps %s: not resuming from them", steps
+                )
+                local_step = -1
+        found = self._store_snapshot(local_step)
+        if found is not None:
+            return found
+        if local_step < 0 and max(steps) >= 0:
+            raise IncompatibleRestorePoint(
+                f"refusing to resume: the ranks' run directories hold snapshots of steps {steps}, "
+                "and the store has no restore point to resume every rank from",
+                url=str(self.run_dir),
+            )
+        return (local, "run directory") if local_step >= 0 else (None, "")
+
+    def _local_step(self, local: Path) -> int:
+        """The step of this rank's snapshot in the run directory, or -1: none, or one whose
+        shared state is gone."""
+        if not local.exists():
+            return -1
+        if self._world == 1:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                return int(json.loads((local.parent / POSITION_FILE).read_text())["step"])
+        # With a process group the rank's own file is small: its shared state lies apart.
+        state = safe_load(local, extra_globals=self.safe_globals)
+        if not isinstance(state, dict):
+            return -1
+        ref = state.get("shared")
+        if isinstance(ref, dict) and not (local.parent / str(ref.get("file"))).is_file():
+            return -1
+        return int(state["position"]["step"])
+
+    def _store_snapshot(self, local_step: int) -> tuple[Path, str] | None:
+        """The store's newest restore point of this run, imported, when it is further on than
+        the run directory's snapshot."""
         if self.store is not None:
             storage = self.options.storage_options
             try:
@@ -598,7 +647,7 @@ class ResumableRun:
                         if not dest.exists():
                             raise
                 return dest / self._rank_file(), "store"
-        return (local, "run directory") if local_step >= 0 else (None, "")
+        return None
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -698,31 +747,18 @@ class ResumableRun:
         }
         snap = Snapshot(state, self.position)
         if self._world > 1:
-            # Every rank saves its own file in its own run directory and publishes it as its
-            # part; rank 0 publishes the commit naming every part once all are in (spec 25),
-            # so the run directories need not be shared. No rank replaces its file while its
-            # previous part is still being packed, and all agree on the commit first.
+            # Every rank's worker saves and publishes its part of each snapshot in the same
+            # order, agreeing with the others on its worker's own group (spec 25): none is
+            # handed a snapshot while its last is in hand, so none is coalesced away.
             self.wait()
-            snap = Snapshot(state, self.position, self._agree_plan())
-            self._save(snap)
-            self._barrier()
-            self.worker.submit(snap)
-        else:
-            self.worker.submit(snap)
-        # With a process group the pause includes the save; alone, only the copy.
+        self.worker.submit(snap)
+        # The pause is the copy (with a process group, and the wait for the last snapshot).
         pause = time.perf_counter() - started
         self.last_pause_s = pause
         if wait:
             self.wait()
         self._event("snapshot", step=self.step, pause_s=round(pause, 6))
         return pause
-
-    def _agree_plan(self) -> CommitPlan:
-        """The commit of this snapshot, made by rank 0 and known to every rank."""
-        box = [CommitPlan.new(self._world).to_dict() if self.is_main else None]
-        torch.distributed.broadcast_object_list(box, src=0, group=self._group)
-        assert isinstance(box[0], dict)
-        return CommitPlan.from_dict(box[0])
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the snapshots handed over are saved and uploaded; False on timeout."""
@@ -760,23 +796,133 @@ class ResumableRun:
     def _save_and_publish(self, snap: Snapshot) -> None:
         """The worker's job for one snapshot; a failed snapshot must never stop training."""
         try:
-            if self._world == 1:
-                self._save(snap)
-            if self.store is not None and self._world > 1:
-                self._publish_part(snap)
-            elif self.store is not None:
+            if self._world > 1:
+                self._save_and_publish_part(snap)
+                return
+            self._save(snap, self.directory.checkpoints / self._rank_file(), snap.state)
+            if self.store is not None:
                 self._publish(snap)
         except Exception as exc:
             log.warning("snapshot at step %d failed: %s", snap.position.step, exc)
             self._event("snapshot_failed", step=snap.position.step, error=str(exc))
 
-    def _save(self, snap: Snapshot) -> None:
-        """A kill at any moment leaves the previous last.pt or the new one, never a torn one."""
-        target = self.directory.checkpoints / self._rank_file()
-        save_state(snap.state, target, self.run_dir)
+    def _save(self, snap: Snapshot, target: Path, state: Mapping[str, Any]) -> None:
+        """A kill at any moment leaves the previous file or the new one, never a torn one."""
+        save_state(state, target, self.run_dir)
         if self.is_main:
             # A small sidecar, so choosing where to resume from needs no load of the state.
-            atomic_write(target.parent / POSITION_FILE, json_line(snap.state["position"]))
+            atomic_write(target.parent / POSITION_FILE, json_line(snap.position.to_dict()))
+
+    # -- with a process group: a part per rank, and the commit ----------------------------------
+
+    def _gather(self, value: Any) -> list[Any]:
+        out: list[Any] = [None] * self._world
+        torch.distributed.all_gather_object(out, value, group=self._group)
+        return out
+
+    def _save_and_publish_part(self, snap: Snapshot) -> None:
+        """Every rank, on its worker: agree on the commit and on what every rank holds alike,
+        save (the shared state once, named by its content, and the rank's own), publish the
+        rank's part (rank 0: and the shared part), then rank 0, once every part is in, the
+        commit. Every rank takes part in every collective, whatever fails on the way: a rank
+        that fails (or dies: the collective then fails) leaves no commit, and the previous
+        restore point stays the newest."""
+        box = [CommitPlan.new(self._world).to_dict() if self.is_main else None]
+        torch.distributed.broadcast_object_list(box, src=0, group=self._group)
+        assert isinstance(box[0], dict)
+        plan = CommitPlan.from_dict(box[0])
+        objects = snap.state["objects"]
+        digests = self._gather({name: state_digest(value) for name, value in objects.items()})
+        shared = {
+            name: digest
+            for name, digest in digests[0].items()
+            if digest is not None and all(d.get(name) == digest for d in digests)
+        }
+        checkpoints = self.directory.checkpoints
+        own: list[str] = [self._rank_file()]
+        common: list[str] = []
+        refs: tuple[PartRef | None, PartRef | None] = (None, None)
+        error = ""
+        try:
+            state = snap.state
+            if shared:
+                name = shared_file(shared)
+                state, common_state = split_shared(snap.state, sorted(shared), name)
+                self._save(snap, checkpoints / name, common_state)
+                common = [name]
+            self._save(snap, checkpoints / self._rank_file(), state)
+            if shared:
+                remove_other_shared(checkpoints, common[0])
+            if self.store is not None:
+                refs = self._publish_parts(snap, plan, own, common)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+            log.warning("snapshot at step %d failed: %s", snap.position.step, error)
+        if self.store is None:
+            return
+        gathered = self._gather((refs, error))
+        step = snap.position.step
+        if not self.is_main:
+            if error:
+                self._event("upload_failed", step=step, error=error)
+            return
+        failed = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]
+        if failed:
+            self.uploads.append({"ok": False, "step": step, "error": "; ".join(failed)})
+            self._event("upload_failed", step=step, error="; ".join(failed))
+            return
+        parts = [ref for pair, _ in gathered for ref in pair if ref is not None]
+        self._publish_commit(snap, plan, parts)
+
+    def _publish_parts(
+        self, snap: Snapshot, plan: CommitPlan, own: list[str], common: list[str]
+    ) -> tuple[PartRef | None, PartRef | None]:
+        """This rank's part; on rank 0 also the shared part (the shared state and the
+        position), or the position in its own part when nothing is shared."""
+        head = self._head(snap.position)
+        mine, shared = own, None
+        if self.is_main:
+            if common:
+                shared = [*common, POSITION_FILE]
+            else:
+                mine = [*own, POSITION_FILE]
+
+        def part(include: list[str], rank: int | None) -> PartRef:
+            return publish_part(
+                self.directory.checkpoints,
+                self.store or "",
+                head,
+                plan,
+                rank=rank,
+                options=self.options,
+                include=include,
+                # With a prune after the commit, each rank reads its own part back, so that
+                # the prune need not read every rank's bytes on rank 0 (spec 25.5).
+                verify_it=self.keep_last is not None,
+            )
+
+        return part(mine, self._rank), part(shared, None) if shared else None
+
+    def _publish_commit(self, snap: Snapshot, plan: CommitPlan, parts: list[PartRef]) -> None:
+        started = time.perf_counter()
+        step = snap.position.step
+        try:
+            result = publish_commit(
+                self.store or "",
+                self._head(snap.position),
+                plan,
+                parts,
+                self.options,
+                keep_last=self.keep_last,
+                parts_verified=self.keep_last is not None,
+            )
+        except RestorePointError as exc:
+            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
+            self._event("upload_failed", step=step, error=exc.message)
+            return
+        seconds = time.perf_counter() - started
+        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
+        self._event("uploaded", step=step, seconds=round(seconds, 6), parts=len(parts))
 
     def _publish(self, snap: Snapshot) -> None:
         started = time.perf_counter()
@@ -805,53 +951,6 @@ class ResumableRun:
                 error_class=type(result.prune_error).__name__,
                 error=result.prune_error.message,
             )
-
-    def _publish_part(self, snap: Snapshot) -> None:
-        """Every rank: its part; then rank 0, once every part is in, the commit. A rank that
-        fails (or dies: the gather then fails) leaves no commit, and the previous restore
-        point stays the newest."""
-        started = time.perf_counter()
-        step = snap.position.step
-        head = self._head(snap.position)
-        ref: dict[str, Any] | None = None
-        error = ""
-        try:
-            include = [self._rank_file()] + ([POSITION_FILE] if self.is_main else [])
-            ref = publish_part(
-                self.directory.checkpoints,
-                self.store or "",
-                head,
-                snap.plan,
-                rank=self._rank,
-                options=self.options,
-                include=include,
-            ).to_dict()
-        except RestorePointError as exc:
-            error = f"{type(exc).__name__}: {exc.message}"
-        gathered: list[Any] | None = [None] * self._world if self.is_main else None
-        torch.distributed.gather_object((ref, error), gathered, dst=0, group=self._group)
-        if not self.is_main:
-            if ref is None:
-                self._event("upload_failed", step=step, error=error)
-            return
-        assert gathered is not None
-        failed = [f"rank {r}: {e}" for r, (got, e) in enumerate(gathered) if got is None]
-        if failed:
-            self.uploads.append({"ok": False, "step": step, "error": "; ".join(failed)})
-            self._event("upload_failed", step=step, error="; ".join(failed))
-            return
-        refs = [PartRef(**got) for got, _ in gathered]
-        try:
-            result = publish_commit(
-                self.store or "", head, snap.plan, refs, self.options, keep_last=self.keep_last
-            )
-        except RestorePointError as exc:
-            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
-            self._event("upload_failed", step=step, error=exc.message)
-            return
-        seconds = time.perf_counter() - started
-        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
-        self._event("uploaded", step=step, seconds=round(seconds, 6), parts=len(refs))
 
     def _finish_uploads(self) -> None:
         timeout = self.upload_timeout

@@ -65,13 +65,22 @@ def publish_dcp(  # noqa: PLR0913 - the checkpoint, store, head, and the publish
         dist.broadcast_object_list(box, src=0, group=group)
     plan = CommitPlan.from_dict(box[0])
     files = sorted(os.listdir(checkpoint_dir))
+    # With a prune after the commit each rank reads its own part back (spec 25.5).
+    check = keep_last is not None
     refs: list[dict[str, Any]] = []
     error = ""
     try:
         own = [f for f in files if f != METADATA_FILE]
         refs.append(
             publish_part(
-                checkpoint_dir, store, head, plan, rank=rank, options=options, include=own
+                checkpoint_dir,
+                store,
+                head,
+                plan,
+                rank=rank,
+                options=options,
+                include=own,
+                verify_it=check,
             ).to_dict()
         )
         if rank == 0:
@@ -84,6 +93,7 @@ def publish_dcp(  # noqa: PLR0913 - the checkpoint, store, head, and the publish
                     rank=None,
                     options=options,
                     include=[METADATA_FILE],
+                    verify_it=check,
                 ).to_dict()
             )
     except RestorePointError as exc:
@@ -96,7 +106,9 @@ def publish_dcp(  # noqa: PLR0913 - the checkpoint, store, head, and the publish
     if not errors and rank == 0:
         try:
             every = [PartRef(**r) for got, _ in gathered for r in got]
-            result[0] = publish_commit(store, head, plan, every, options, keep_last=keep_last).url
+            result[0] = publish_commit(
+                store, head, plan, every, options, keep_last=keep_last, parts_verified=check
+            ).url
         except RestorePointError as exc:
             errors.append(f"commit: {type(exc).__name__}: {exc.message}")
     if rank == 0:

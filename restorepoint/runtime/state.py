@@ -1,24 +1,49 @@
 """What a snapshot holds, and how it is written: the tracked objects' state dicts and the RNG
 states copied to CPU memory (the only pause of training), saved with torch.save to a temporary
-file, fsynced and renamed over ``last.pt`` (a kill leaves the old file or the new one)."""
+file, fsynced and renamed over ``last.pt`` (a kill leaves the old file or the new one).
+
+With a process group, what every rank holds alike (under DDP: the model, the optimizer, the
+scheduler) is saved once, in a shared file named by its content (``shared-DIGEST.pt``), and each
+rank's ``last.rankN.pt`` holds the rest (its RNG states, its position, any object that differs)
+and names the shared file. The shared file is written first and an older one removed only
+after the rank file that named it was replaced, so a kill leaves a pair that belongs together.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
 import os
 import random
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._posix import fsync_dir
+from ..errors import IncompatibleRestorePoint
+from .safe_load import safe_load
 
-__all__ = ["STATE_FORMAT", "rng_state", "save_state", "set_rng", "to_cpu"]
+__all__ = [
+    "STATE_FORMAT",
+    "load_state",
+    "remove_other_shared",
+    "rng_state",
+    "save_state",
+    "set_rng",
+    "shared_file",
+    "split_shared",
+    "state_digest",
+    "to_cpu",
+]
 
 STATE_FORMAT = "restorepoint.torch/1"
+#: The shared file's name: what a rank file names is checked against it before it is opened.
+_SHARED_NAME = re.compile(r"shared-[0-9a-f]{16}\.pt")
 
 
 def to_cpu(value: Any) -> Any:
@@ -66,3 +91,107 @@ def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, target)
     fsync_dir(target.parent)
+
+
+# -- what every rank holds alike --------------------------------------------------------------
+
+
+def state_digest(value: Any) -> str | None:
+    """A digest of a state dict's structure and bytes, equal on two ranks only when their
+    states are bit for bit the same; None when a value can't be digested (never shared)."""
+    h = hashlib.sha256()
+    try:
+        _feed(h, value)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().resolve_conj().resolve_neg()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, dict):
+        h.update(b"D%d;" % len(value))
+        for key, item in value.items():
+            _feed(h, key)
+            _feed(h, item)
+    elif isinstance(value, (list, tuple)):
+        h.update(b"%s%d;" % (b"L" if isinstance(value, list) else b"U", len(value)))
+        for item in value:
+            _feed(h, item)
+    elif value is None or isinstance(value, (bool, int, float, str, bytes)):
+        # repr of these is exact (a float's shortest round trip): equal repr, equal value.
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+    else:
+        # Anything else could hold what its repr does not show: never shared.
+        raise TypeError(type(value).__name__)
+
+
+def shared_file(digests: Mapping[str, str]) -> str:
+    """The shared file of these objects (name: digest), named by their content: every rank
+    names the same file, and the same content keeps its name."""
+    combined = hashlib.sha256(
+        "".join(f"{name}={digest};" for name, digest in sorted(digests.items())).encode()
+    )
+    return f"shared-{combined.hexdigest()[:16]}.pt"
+
+
+def split_shared(
+    state: Mapping[str, Any], shared: Sequence[str], name: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``state`` as the rank's own (naming the shared file ``name``) and the shared file's."""
+    objects = state["objects"]
+    own = {**state, "objects": {k: v for k, v in objects.items() if k not in shared}}
+    own["shared"] = {"file": name, "objects": sorted(shared)}
+    common = {
+        "format": state["format"],
+        "identity": state["identity"],
+        "objects": {k: objects[k] for k in shared},
+        "position": state["position"],
+        "run": state["run"],
+    }
+    return own, common
+
+
+def remove_other_shared(directory: Path, keep: str) -> None:
+    """Older shared files: once the rank file naming ``keep`` is in place, nothing names
+    them."""
+    for path in directory.glob("shared-*.pt"):
+        if path.name != keep and _SHARED_NAME.fullmatch(path.name):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def load_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) -> Any:
+    """A rank's (or a single process's) snapshot file, weights-only, with the shared state it
+    names merged back in; the shared file must be the same run's at the same position."""
+    state = safe_load(path, extra_globals=extra_globals)
+    ref = state.get("shared") if isinstance(state, dict) else None
+    if ref is None:
+        return state
+    name = ref.get("file") if isinstance(ref, dict) else None
+    names = ref.get("objects") if isinstance(ref, dict) else None
+    if not isinstance(name, str) or not _SHARED_NAME.fullmatch(name) or not isinstance(names, list):
+        raise IncompatibleRestorePoint(
+            "refusing to resume: the snapshot names its shared state wrongly", url=str(path)
+        )
+    try:
+        common = safe_load(path.parent / name, extra_globals=extra_globals)
+    except FileNotFoundError:
+        raise IncompatibleRestorePoint(
+            f"refusing to resume: the shared state {name} the snapshot names is missing",
+            url=str(path),
+        ) from None
+    if not (
+        isinstance(common, dict)
+        and isinstance(common.get("objects"), dict)
+        and all(common.get(k) == state.get(k) for k in ("format", "identity", "position", "run"))
+        and sorted(common["objects"]) == sorted(names)
+    ):
+        raise IncompatibleRestorePoint(
+            f"refusing to resume: {name} is not the shared state of this snapshot", url=str(path)
+        )
+    return {**state, "objects": {**state["objects"], **common["objects"]}}

@@ -31,8 +31,6 @@ class Snapshot:
 
     state: dict[str, Any]
     position: Position
-    #: With a process group: the commit every rank publishes its part of (ops.parts).
-    plan: Any = None
 
 
 class SnapshotWorker(Generic[T]):

@@ -1,14 +1,17 @@
 """Golden vectors for restore-point format v1: a few valid objects and many broken ones, each
 broken one with exactly one fault; gate vectors: expectation files (handoff JSON) under gate/
-for valid objects, each with the import gate's decision; and trust vectors under trust/: signed
-and encrypted objects, valid or with one fault each, read with the fixed test keys of trust/keys/.
+for valid objects, each with the import gate's decision; trust vectors under trust/: signed
+and encrypted objects, valid or with one fault each, read with the fixed test keys of trust/keys/;
+and vector sets under sets/: multi-part restore points (spec section 25), each a folder laid out
+as a store lays it out (a commit and its parts), valid or with one fault each.
 
-    python spec/vectors/generate.py           write the .rp files, gate/*.json, trust/ and the
-                                              index files
+    python spec/vectors/generate.py           write the .rp files, gate/*.json, trust/, sets/ and
+                                              the index files
     python spec/vectors/generate.py --check   regenerate in memory, compare byte for byte with the
                                               committed files, run the reader on every vector, the
-                                              gate on every gate vector, and the reader with the
-                                              recorded trust options on every trust vector
+                                              gate on every gate vector, the reader with the
+                                              recorded trust options on every trust vector, and
+                                              verify (every part too) on every set's commit
 
 Every object is built with ``restorepoint.testing.forge``: it recomputes each digest, offset and
 length that a vector does not override, so the planted fault is the only one. Nothing here
@@ -48,6 +51,7 @@ from restorepoint.format import (  # noqa: E402
     PayloadDecoder,
     canonical_dumps,
     read_manifest,
+    restore_point_digest,
 )
 from restorepoint.format.identity import config_identity  # noqa: E402
 from restorepoint.format.limits import MAX_HEAD_BYTES, MAX_INDEX_BYTES, zstd_bound  # noqa: E402
@@ -530,6 +534,13 @@ def _multipart(v: Vectors) -> None:
         "MalformedManifest",
         "A part of rank 2 in a world of two.",
         _multipart_head(part={**MULTIPART_PART, "rank": 2}),
+    )
+    v.broken(
+        "multipart-in-format-1.0",
+        "MalformedManifest",
+        "Rank 1's part with format_version 1.0 in its head (and its preamble): multipart/1 "
+        "came with 1.1.",
+        small(format_version="1.0", required_features=["multipart/1"], part=MULTIPART_PART),
     )
 
 
@@ -1834,10 +1845,367 @@ def trust_outcome(t: TrustVector) -> list[str]:
     return problems
 
 
+# -- vector sets ------------------------------------------------------------------------------
+
+SETS = "sets"
+#: The sets' records: one per set, naming its commit.
+SETS_INDEX = f"{SETS}/index.json"
+#: The feature of multi-part restore points, written here as the spec gives it (section 25).
+MULTIPART = "multipart/1"
+#: The id of every set's commit, which its parts name (``part.commit``).
+COMMIT_ID = "0123456789abcdef" * 2
+#: The id of the other commit some faults take a part from, or name.
+OTHER_COMMIT_ID = OTHER_ID
+
+
+def store_name(head: dict[str, Any]) -> str:
+    """A restore point's store name (spec section 19), ``RUN/STEP-CREATED-ID.rp``, written out
+    here rather than taken from the code: STEP in 16 digits, CREATED as UTC to the millisecond
+    without separators, the first 12 hex digits of the id."""
+    date, _, clock = head["created"].removesuffix("Z").partition("T")
+    created = date.replace("-", "") + "T" + clock.replace(":", "").replace(".", "") + "Z"
+    return f"{head['run']}/{head['position']['step']:016d}-{created}-{head['id'][:12]}.rp"
+
+
+def commit_parts(refs: list[dict[str, Any]], world: int = 2) -> Parts:
+    """A commit (format 1.1, multipart/1, no payload) of ``world`` ranks naming ``refs``."""
+    objects = sorted(refs, key=lambda r: str(r["name"]))
+    parts = parts_of(
+        {},
+        format_version="1.1",
+        required_features=[MULTIPART],
+        id=COMMIT_ID,
+        parts={"objects": objects, "reshardable": False, "world_size": world},
+    )
+    parts.minor = 1
+    return parts
+
+
+#: Where every set's commit lies in the set's folder, and its parts beside it (section 25.2).
+COMMIT_NAME = store_name(commit_parts([]).head)
+PARTS_DIR = COMMIT_NAME.removesuffix(".rp") + ".parts"
+
+
+def part_name(rank: int | None) -> str:
+    return "shared.rp" if rank is None else f"rank-{rank:05d}.rp"
+
+
+def rank_of(name: str) -> int | None:
+    return None if name == "shared.rp" else int(name.removeprefix("rank-").removesuffix(".rp"))
+
+
+def part_id(rank: int | None, commit: str = COMMIT_ID) -> str:
+    return sha(f"restorepoint test vectors: part {part_name(rank)} of {commit}".encode())[:32]
+
+
+def rank_files(rank: int | None) -> dict[str, bytes]:
+    """A part's files: each rank's model and optimizer shards, the shared trainer state."""
+    if rank is None:
+        return {"trainer_state.json": b'{"step": 1500}'}
+    return {
+        f"model.rank{rank}.pt": bytes([rank]) * 16 + pattern(600),
+        f"optimizer.rank{rank}.pt": bytes([0x40 + rank]) * 300,
+    }
+
+
+def part_parts(
+    rank: int | None,
+    *,
+    files: dict[str, bytes] | None = None,
+    part: dict[str, Any] | None = None,
+    **head: Any,
+) -> Parts:
+    """The part of ``rank`` (None: the shared part) of the commit COMMIT_ID of two ranks: rank
+    1's files in codec zstd (the generator's frames), the others stored. ``part`` changes
+    members of the head's ``part``, ``head`` other head members."""
+    member = {"commit": COMMIT_ID, "rank": rank, "world_size": 2} | (part or {})
+    parts = parts_of(
+        rank_files(rank) if files is None else files,
+        ZSTD if rank == 1 else None,
+        **{
+            "format_version": "1.1",
+            "required_features": [MULTIPART],
+            "id": part_id(rank),
+            "part": member,
+        }
+        | head,
+    )
+    parts.minor = 1
+    return parts
+
+
+def object_digest(data: bytes) -> str:
+    """The restore point digest (section 21) of an assembled object, from its bytes: its id,
+    its head's sha256 and the footer's index digest."""
+    (head_length,) = struct.unpack_from("<I", data, 12)
+    head_sha = sha(data[16 : 16 + head_length])
+    _, _, index_sha = struct.unpack_from("<QQ32s", data, len(data) - 64)
+    return restore_point_digest(head_of(data)["id"], head_sha, index_sha.hex())
+
+
+def ref_of(name: str, data: bytes) -> dict[str, Any]:
+    """The element of a commit's ``parts.objects`` that names ``data`` as the part ``name``."""
+    return {
+        "digest": object_digest(data),
+        "id": head_of(data)["id"],
+        "name": name,
+        "rank": rank_of(name),
+        "size": len(data),
+    }
+
+
+@dataclass(frozen=True)
+class SetVector:
+    """A commit and its parts, laid out as a store lays them out, and the outcome of verify."""
+
+    name: str
+    #: every file of the set, by its path in the set's folder
+    files: dict[str, bytes]
+    fault: str
+    expected_error: str | None
+    position: dict[str, int] | None = None
+    #: valid sets: each part as verify must report it (name, rank, digest, its files' sha256)
+    parts: list[dict[str, Any]] | None = None
+
+    @property
+    def folder(self) -> str:
+        return f"{SETS}/{self.name.removeprefix('set-')}"
+
+    @property
+    def commit(self) -> str:
+        return f"{self.folder}/{COMMIT_NAME}"
+
+    def record(self) -> dict[str, Any]:
+        valid = self.expected_error is None
+        out: dict[str, Any] = {
+            "name": self.name,
+            "kind": "set",
+            "commit": self.commit,
+            "valid": valid,
+            "expected_error": self.expected_error,
+            "exit_code": 0 if valid else getattr(errors, str(self.expected_error)).exit_code,
+            "fault": self.fault,
+        }
+        if valid:
+            out["position"] = self.position
+            out["parts"] = self.parts
+        return out
+
+
+def build_sets() -> list[SetVector]:
+    out: list[SetVector] = []
+    good = {part_name(r): assemble(part_parts(r)) for r in (0, 1, None)}
+    two = {n: good[n] for n in ("rank-00000.rp", "rank-00001.rp")}
+
+    def add(
+        name: str,
+        fault: str,
+        error: str | None,
+        named: dict[str, bytes],
+        lying: dict[str, bytes] | None = None,
+        refs: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """A set whose commit names ``refs`` (by default, each of ``named`` as itself) and whose
+        parts folder holds ``lying`` (by default, ``named``)."""
+        commit = assemble(commit_parts(refs or [ref_of(n, d) for n, d in named.items()]))
+        lying = named if lying is None else lying
+        files = {COMMIT_NAME: commit} | {f"{PARTS_DIR}/{n}": lying[n] for n in sorted(lying)}
+        extra: dict[str, Any] = {}
+        if error is None:
+            extra["position"] = dict(head_of(commit)["position"])
+            extra["parts"] = [
+                {
+                    "name": n,
+                    "rank": rank_of(n),
+                    "file": f"{SETS}/{name.removeprefix('set-')}/{PARTS_DIR}/{n}",
+                    "digest": object_digest(d),
+                    "files": {p: sha(v) for p, v in sorted(rank_files(rank_of(n)).items())},
+                }
+                for n, d in sorted(named.items())
+            ]
+        out.append(SetVector(name, files, fault, error, **extra))
+
+    add(
+        "set-valid-two-ranks",
+        "A commit of two ranks and its two parts (rank 0's files stored, rank 1's in zstd).",
+        None,
+        two,
+    )
+    add(
+        "set-valid-shared",
+        "A commit of two ranks, their parts and the shared part (the trainer state).",
+        None,
+        good,
+    )
+    add(
+        "set-part-missing",
+        "set-valid-two-ranks without rank 1's part.",
+        "IntegrityError",
+        two,
+        {"rank-00000.rp": two["rank-00000.rp"]},
+    )
+    add(
+        "set-shared-missing",
+        "set-valid-shared without the shared part.",
+        "IntegrityError",
+        good,
+        {n: good[n] for n in two},
+    )
+    add(
+        "set-part-swapped",
+        "Rank 0's part (sound, of this commit) at rank 1's name as well.",
+        "IntegrityError",
+        two,
+        {n: two["rank-00000.rp"] for n in two},
+    )
+    other_id = part_id(1, OTHER_COMMIT_ID)
+    other = assemble(part_parts(1, part={"commit": OTHER_COMMIT_ID}, id=other_id))
+    assert len(other) == len(two["rank-00001.rp"])
+    add(
+        "set-part-of-another-commit",
+        "Rank 1's part of another commit of the same shape (its own id, same size) at rank 1's "
+        "name.",
+        "IntegrityError",
+        two,
+        {**two, "rank-00001.rp": other},
+    )
+    files = rank_files(1)
+    model = bytearray(files["model.rank1.pt"])
+    model[100] ^= 0x01
+    changed = assemble(part_parts(1, files={**files, "model.rank1.pt": bytes(model)}))
+    assert len(changed) == len(two["rank-00001.rp"])
+    assert head_of(changed) == head_of(two["rank-00001.rp"])
+    add(
+        "set-part-other-bytes",
+        "Rank 1's part with one byte of a file other (a sound object: same head and size, its "
+        "index digests the new file): the digest the commit names differs.",
+        "IntegrityError",
+        two,
+        {**two, "rank-00001.rp": changed},
+    )
+    parts = part_parts(0)
+    stored = bytearray(parts.entries[0].stored_chunks[0])
+    stored[100] ^= 0x01
+    parts.entries[0].stored_chunks[0] = bytes(stored)
+    flipped = assemble(parts)
+    assert object_digest(flipped) == object_digest(two["rank-00000.rp"])
+    add(
+        "set-part-payload-flipped",
+        "One stored byte of rank 0's part flipped: its digest and size are the ones named, only "
+        "the part's own file sha256 differs.",
+        "DigestMismatch",
+        two,
+        {**two, "rank-00000.rp": flipped},
+    )
+    named_faults: list[tuple[str, str, Parts]] = [
+        (
+            "set-part-names-another-commit",
+            "Rank 1's part names another commit (part.commit), and the commit names it by digest.",
+            part_parts(1, part={"commit": OTHER_COMMIT_ID}),
+        ),
+        (
+            "set-part-rank-disagrees",
+            "The part at rank 1's name says rank 0 (part.rank), and the commit names it by digest.",
+            part_parts(1, part={"rank": 0}),
+        ),
+        (
+            "set-part-world-size-disagrees",
+            "Rank 1's part says a world of 3 (part.world_size), and the commit names it by digest.",
+            part_parts(1, part={"world_size": 3}),
+        ),
+        (
+            "set-part-run-differs",
+            "Rank 1's part is of run other-run, and the commit names it by digest.",
+            part_parts(1, run="other-run"),
+        ),
+        (
+            "set-part-position-differs",
+            "Rank 1's part is at step 1501, the commit at 1500, and the commit names it by digest.",
+            part_parts(1, position={"batch": 3, "epoch": 1, "step": 1501}),
+        ),
+    ]
+    for name, fault, part in named_faults:
+        add(name, fault, "IntegrityError", {**two, "rank-00001.rp": assemble(part)})
+    files = rank_files(1)
+    overlap = assemble(
+        part_parts(1, files={**files, "optimizer.rank0.pt": files["optimizer.rank1.pt"]})
+    )
+    add(
+        "set-parts-overlap",
+        "Rank 1's part also holds a file at a path rank 0's part holds (optimizer.rank0.pt), and "
+        "the commit names it by digest: the parts' files overlap.",
+        "UnsafePath",
+        {**two, "rank-00001.rp": overlap},
+    )
+    refs = [ref_of(n, d) for n, d in two.items()]
+    refs[1]["size"] += 1
+    add(
+        "set-part-size-differs",
+        "The commit names rank 1's part with a size one byte over its own (digest and id right).",
+        "IntegrityError",
+        two,
+        refs=refs,
+    )
+    refs = [ref_of(n, d) for n, d in two.items()]
+    refs[1]["id"] = OTHER_COMMIT_ID
+    add(
+        "set-part-id-differs",
+        "The commit names rank 1's part with another id (digest and size right).",
+        "IntegrityError",
+        two,
+        refs=refs,
+    )
+    names = [s.name for s in out]
+    assert len(names) == len(set(names)), "set names must be unique"
+    return out
+
+
+def set_files(sets: list[SetVector]) -> dict[str, bytes]:
+    """Every file of the sets, by its path relative to this directory."""
+    out = {f"{s.folder}/{p}": data for s in sets for p, data in s.files.items()}
+    out[SETS_INDEX] = index_bytes(sets)
+    return out
+
+
+def set_outcome(s: SetVector) -> list[str]:
+    """Problems with what verify (the library's, which reads each part the commit names)
+    makes of the set's commit, as committed."""
+    try:
+        report = restorepoint.verify(str(HERE / s.commit))
+    except errors.RestorePointError as exc:
+        found = errors.error_class(exc)
+        if found != s.expected_error:
+            return [f"{s.name}: expected {s.expected_error or 'to verify'}, raised {found}: {exc}"]
+        return []
+    except Exception as exc:
+        return [f"{s.name}: verify crashed with {type(exc).__name__}: {exc}"]
+    if s.expected_error is not None:
+        return [f"{s.name}: expected {s.expected_error}, but it verified"]
+    problems = []
+    position = report.manifest.position.to_dict()
+    if position != s.position:
+        problems.append(f"{s.name}: position {position}, expected {s.position}")
+    parts = [
+        {
+            "name": p.url.rsplit("/", 1)[-1],
+            "rank": p.manifest.part.rank if p.manifest.part else "no part member",
+            "file": f"{s.folder}/{PARTS_DIR}/{p.url.rsplit('/', 1)[-1]}",
+            "digest": p.digest,
+            "files": {e.path: e.sha256 for e in p.manifest.payload or ()},
+        }
+        for p in report.parts
+    ]
+    if parts != s.parts:
+        problems.append(f"{s.name}: parts {parts}, expected {s.parts}")
+    return problems
+
+
 # -- writing and checking ---------------------------------------------------------------------
 
 
-def index_bytes(records: list[Vector] | list[GateVector] | list[TrustVector]) -> bytes:
+def index_bytes(
+    records: list[Vector] | list[GateVector] | list[TrustVector] | list[SetVector],
+) -> bytes:
     text = json.dumps([x.record() for x in records], indent=2, ensure_ascii=False)
     return (text + "\n").encode()
 
@@ -1876,6 +2244,45 @@ def write_trust(trusts: list[TrustVector]) -> None:
             stale.unlink()
     for name, data in wanted.items():
         (HERE / name).write_bytes(data)
+
+
+def write_sets(sets: list[SetVector]) -> None:
+    wanted = set_files(sets)
+    (HERE / SETS).mkdir(exist_ok=True)
+    for stale in (HERE / SETS).rglob("*"):
+        if stale.is_file() and stale.relative_to(HERE).as_posix() not in wanted:
+            stale.unlink()
+    for folder in sorted((HERE / SETS).rglob("*"), reverse=True):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()  # the folder of a set, a run or a parts prefix no longer made
+    for name, data in wanted.items():
+        (HERE / name).parent.mkdir(parents=True, exist_ok=True)
+        (HERE / name).write_bytes(data)
+
+
+def check_sets(sets: list[SetVector]) -> tuple[list[str], int]:
+    """Problems with the committed sets (bytes, stale or missing files, what verify makes of
+    each commit), and how many bytes they take."""
+    problems = []
+    wanted = set_files(sets)
+    for path in sorted((HERE / SETS).rglob("*")):
+        name = path.relative_to(HERE).as_posix()
+        if path.is_file() and name not in wanted:
+            problems.append(f"{name}: not made by the generator (stale)")
+    total = 0
+    for name, data in wanted.items():
+        path = HERE / name
+        if not path.exists():
+            problems.append(f"{name}: missing")
+        elif path.read_bytes() != data:
+            problems.append(f"{name}: differs from what the generator writes")
+        total += len(data)
+        if len(data) >= MAX_VECTOR_BYTES:
+            problems.append(f"{name}: {len(data)} bytes, the limit is {MAX_VECTOR_BYTES}")
+    if not problems:  # a set read from other bytes would say nothing of these
+        for s in sets:
+            problems += set_outcome(s)
+    return problems, total
 
 
 class _Bytes:
@@ -1946,7 +2353,9 @@ def outcome(x: Vector) -> list[str]:
     return problems
 
 
-def check(vectors: list[Vector], gates: list[GateVector], trusts: list[TrustVector]) -> list[str]:
+def check(
+    vectors: list[Vector], gates: list[GateVector], trusts: list[TrustVector], sets: list[SetVector]
+) -> list[str]:
     problems = []
     wanted = {f"{x.name}.rp": x for x in vectors}
     index_path = HERE / INDEX
@@ -2001,6 +2410,9 @@ def check(vectors: list[Vector], gates: list[GateVector], trusts: list[TrustVect
     if not any(p.startswith(TRUST_KEYS) for p in problems):
         for t in trusts:
             problems += trust_outcome(t)
+    set_problems, set_total = check_sets(sets)
+    problems += set_problems
+    total += set_total
     if total >= MAX_TOTAL_BYTES:
         problems.append(f"all vectors: {total} bytes, the limit is {MAX_TOTAL_BYTES}")
     return problems
@@ -2015,23 +2427,29 @@ def main(argv: list[str] | None = None) -> int:
     vectors = build()
     gates = build_gate(vectors)
     trusts = build_trust()
+    sets = build_sets()
+    names = [x.name for x in vectors] + [x.name for x in gates]
+    names += [x.name for x in trusts] + [x.name for x in sets]
+    assert len(names) == len(set(names)), "names must be unique among all vectors"
     if not args.check:
         write(vectors, gates)
         write_trust(trusts)
+        write_sets(sets)
         print(
             f"wrote {len(vectors)} vectors, {len(gates)} gate vectors, {len(trusts)} trust "
-            f"vectors, {INDEX}, {GATE_INDEX} and {TRUST_INDEX}"
+            f"vectors, {len(sets)} vector sets, {INDEX}, {GATE_INDEX}, {TRUST_INDEX} and "
+            f"{SETS_INDEX}"
         )
         return 0
-    problems = check(vectors, gates, trusts)
+    problems = check(vectors, gates, trusts, sets)
     for line in problems:
         print(line)
     if problems:
         return 1
     print(
-        f"{len(vectors)} vectors, {len(gates)} gate vectors and {len(trusts)} trust vectors: "
-        f"committed bytes match, the reader agrees with {INDEX} and {TRUST_INDEX}, the gate "
-        f"with {GATE_INDEX}"
+        f"{len(vectors)} vectors, {len(gates)} gate vectors, {len(trusts)} trust vectors and "
+        f"{len(sets)} vector sets: committed bytes match, the reader agrees with {INDEX}, "
+        f"{TRUST_INDEX} and {SETS_INDEX}, the gate with {GATE_INDEX}"
     )
     return 0
 

@@ -1,6 +1,7 @@
 """The golden vectors (spec/vectors): the committed bytes are the generator's, and the library and
-the CLI both give every vector its recorded outcome, every gate vector its recorded decision, and
-every trust vector, read with its recorded trust options, its recorded outcome."""
+the CLI both give every vector its recorded outcome, every gate vector its recorded decision,
+every trust vector, read with its recorded trust options, its recorded outcome, and every vector
+set (a multi-part restore point laid out as a store lays it out) its recorded outcome."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"
 RECORDS: list[dict[str, Any]] = json.loads((VECTORS / "index.json").read_text("utf-8"))
 GATES: list[dict[str, Any]] = json.loads((VECTORS / "gate" / "index.json").read_text("utf-8"))
 TRUSTS: list[dict[str, Any]] = json.loads((VECTORS / "trust" / "index.json").read_text("utf-8"))
+SETS: list[dict[str, Any]] = json.loads((VECTORS / "sets" / "index.json").read_text("utf-8"))
 FIELDS = {"name", "file", "valid", "expected_error", "exit_code", "fault"}
 GATE_FIELDS = {
     "name", "kind", "vector", "expect", "compatible", "exit_code", "mismatches",
     "strict_compatible", "strict_exit_code", "strict_mismatches", "fault",
 }  # fmt: skip
 TRUST_FIELDS = FIELDS | {"kind", "trust", "require_signature", "identity"}
+SET_FIELDS = (FIELDS - {"file"}) | {"kind", "commit"}
+PART_FIELDS = {"name", "rank", "file", "digest", "files"}
 
 
 def by_name(records: list[dict[str, Any]]) -> list[Any]:
@@ -286,6 +290,110 @@ def test_cli_gives_the_recorded_trust_outcome(record: dict[str, Any]) -> None:
         assert out["encrypted"] is (record["identity"] is not None)
         return
     assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert out["ok"] is False
+    assert out["error"]["class"] == record["expected_error"]
+    assert out["error"]["exit_code"] == record["exit_code"]
+
+
+# -- vector sets ----------------------------------------------------------------------------
+
+
+def set_folder(record: dict[str, Any]) -> Path:
+    return VECTORS / "sets" / str(record["name"]).removeprefix("set-")
+
+
+def test_sets_cover_multipart_commits() -> None:
+    everything = RECORDS + GATES + TRUSTS + SETS
+    assert len({r["name"] for r in everything}) == len(everything)
+    folders = {p.name for p in (VECTORS / "sets").iterdir() if p.is_dir()}
+    assert {set_folder(r).name for r in SETS} == folders
+    classes = [r["expected_error"] for r in SETS]
+    assert classes.count(None) == 2
+    assert {"IntegrityError", "DigestMismatch", "UnsafePath"} == set(classes) - {None}
+    # One valid set with a shared part, one without.
+    shared = [any(p["rank"] is None for p in r["parts"]) for r in SETS if r["valid"]]
+    assert sorted(shared) == [False, True]
+
+
+@pytest.mark.parametrize("record", by_name(SETS))
+def test_set_record_is_well_formed(record: dict[str, Any]) -> None:
+    extra = {"position", "parts"} if record["valid"] else set()
+    assert set(record) == SET_FIELDS | extra
+    assert record["kind"] == "set"
+    assert record["name"].startswith("set-")
+    folder = f"sets/{record['name'].removeprefix('set-')}/"
+    assert record["commit"].startswith(folder) and record["commit"].endswith(".rp")
+    assert record["exit_code"] == (
+        0 if record["valid"] else getattr(errors, record["expected_error"]).exit_code
+    )
+    stem = record["commit"].removesuffix(".rp")
+    for part in record.get("parts", []):
+        assert set(part) == PART_FIELDS
+        rank = part["rank"]
+        assert part["name"] == ("shared.rp" if rank is None else f"rank-{rank:05d}.rp")
+        assert part["file"] == f"{stem}.parts/{part['name']}"
+        assert (VECTORS / part["file"]).is_file()
+
+
+@pytest.mark.parametrize("record", by_name(SETS))
+def test_set_is_laid_out_as_a_store(record: dict[str, Any]) -> None:
+    # The folder is a store: its listing holds the commit, one restore point, and no part.
+    entries = restorepoint.list_store(str(set_folder(record)) + "/")
+    assert [Path(e.url) for e in entries] == [VECTORS / record["commit"]]
+
+
+@pytest.mark.parametrize("record", by_name(SETS))
+def test_library_gives_the_recorded_set_outcome(record: dict[str, Any]) -> None:
+    path = str(VECTORS / record["commit"])
+    if record["valid"]:
+        report = restorepoint.verify(path)
+        assert report.manifest.position.to_dict() == record["position"]
+        assert report.manifest.payload == ()  # a commit's files are its parts'
+        assert [
+            {
+                "name": Path(p.url).name,
+                "rank": p.manifest.part.rank if p.manifest.part else "no part member",
+                "file": Path(p.url).relative_to(VECTORS).as_posix(),
+                "digest": p.digest,
+                "files": {e.path: e.sha256 for e in p.manifest.payload or ()},
+            }
+            for p in report.parts
+        ] == record["parts"]
+        assert report.files == sum(len(p["files"]) for p in record["parts"])
+        return
+    with pytest.raises(errors.RestorePointError) as info:
+        restorepoint.verify(path)
+    assert errors.error_class(info.value) == record["expected_error"], str(info.value)
+    # The error names the commit, or the part of it that is at fault.
+    url = info.value.url or ""
+    assert url == path or url.startswith(path.removesuffix(".rp") + ".parts/"), url
+
+
+@pytest.mark.parametrize("record", by_name(SETS))
+def test_cli_gives_the_recorded_set_outcome(record: dict[str, Any]) -> None:
+    path = str(VECTORS / record["commit"])
+    done = subprocess.run(
+        [sys.executable, "-m", "restorepoint", "verify", path, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == record["exit_code"], done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    out = json.loads(lines[0])
+    if record["valid"]:
+        assert done.stderr == ""
+        assert out["ok"] is True
+        assert out["position"] == record["position"]
+        assert out["files"] == sum(len(p["files"]) for p in record["parts"])
+        assert [(p["rank"], p["digest"]) for p in out["parts"]] == [
+            (p["rank"], p["digest"]) for p in record["parts"]
+        ]
+        return
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("restorepoint: error: ")
     assert out["ok"] is False
     assert out["error"]["class"] == record["expected_error"]
     assert out["error"]["exit_code"] == record["exit_code"]

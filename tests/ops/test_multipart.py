@@ -9,18 +9,22 @@ refused; a world size the restore point was not made by is refused unless it res
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from restorepoint.errors import IncompatibleRestorePoint, IntegrityError, NotFound, UsageError
-from restorepoint.format import MULTIPART_FEATURE, Manifest, PartRef, Parts
+from restorepoint.format import MULTIPART_FEATURE, Manifest, PartRef, Parts, Trainer
 from restorepoint.ops import HeadSpec, import_restore_point, latest, list_store, prune, verify
+from restorepoint.ops.gate import UNSET, Expectations
 from restorepoint.ops.parts import CommitPlan, publish_commit, publish_part
+from restorepoint.ops.resume import choose
 from restorepoint.ops.spec import PackOptions
 from restorepoint.storage import resolve
 from tests.clirun import cli
@@ -133,6 +137,42 @@ def _swap_part(commit_url: str, tmp: Path, other: str) -> None:
     a.write_bytes(b.read_bytes())
 
 
+@pytest.mark.parametrize("by_ranks", [True, False])
+def test_the_prune_after_a_commit_reads_no_part_payload_its_ranks_verified(
+    by_ranks: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prune after a multi-rank publish verifies the newest restore point (spec 19.5).
+    When every rank read its own part back (publish_part(verify_it=True)), the commit's
+    parts are checked up to their payloads only: rank 0 reads no other rank's bytes. Without
+    that, the prune streams every part's payload."""
+    verify_module = importlib.import_module("restorepoint.ops.verify")
+    url = str(tmp_path / "store") + "/"
+    _publish(url, tmp_path / "a", 2, 10)
+    dirs, shared = _rank_dirs(tmp_path / "b", 2, 20)
+    plan, spec = CommitPlan.new(2), _spec(20)
+    checked: list[str] = []
+    real = verify_module._check_payload
+
+    def recording(reader: Any, head: Any, manifest: Manifest, *a: Any) -> int:
+        checked.append("part" if manifest.part is not None else "commit")
+        return real(reader, head, manifest, *a)
+
+    monkeypatch.setattr(verify_module, "_check_payload", recording)
+    refs = [
+        publish_part(d, url, spec, plan, rank=r, verify_it=by_ranks) for r, d in enumerate(dirs)
+    ]
+    refs.append(publish_part(shared, url, spec, plan, rank=None, verify_it=by_ranks))
+    # Each rank's read-back of its own part: one payload check a part, or none.
+    assert checked == (["part"] * 3 if by_ranks else [])
+    checked.clear()
+    result = publish_commit(url, spec, plan, refs, keep_last=1, parts_verified=by_ranks)
+    assert result.pruned is not None
+    assert len(result.pruned.deleted) == 1
+    assert checked == (["commit"] if by_ranks else ["commit", "part", "part", "part"])
+    assert [e.url for e in list_store(url)] == [result.url]
+    assert verify(result.url).manifest.parts is not None
+
+
 def test_a_part_that_is_not_the_one_named_is_refused(tmp_path: Path) -> None:
     url = str(tmp_path / "store") + "/"
     first, _ = _publish(url, tmp_path / "a", 2, 10)
@@ -180,6 +220,39 @@ def test_world_size_gate(tmp_path: Path) -> None:
     assert sorted(os.listdir(got.dest)) == ["last.rank0.pt", "last.rank1.pt", "shared.pt"]
     with pytest.raises(UsageError):
         import_restore_point(commit, tmp_path / "d5", rank=5)
+
+
+def test_the_gate_chooses_by_world_size(tmp_path: Path) -> None:
+    """choose() compares the world size like any other field: the newest restore point, made
+    by 2 ranks, is refused to 4, naming the older one that 4 ranks made; accept_older takes
+    it. A view that names no world compares none."""
+    url = str(tmp_path / "store") + "/"
+    four, _ = _publish(url, tmp_path / "a", 4, 10)
+    two, _ = _publish(url, tmp_path / "b", 2, 20)
+    view = Expectations(
+        trainer=Trainer("restorepoint.torch", "1"),
+        terms={"torch": "2.13.0"},
+        config={"lr": 0.1},
+        world_size=4,
+        sources={"world_size": "torch.distributed"},
+    )
+    with pytest.raises(IncompatibleRestorePoint) as refused:
+        choose(url, run=RUN, views=[view])
+    assert refused.value.mismatches == [
+        {"expected": 4, "field": "world_size", "found": 2, "source": "torch.distributed"}
+    ]
+    details = "\n".join(refused.value.details)
+    assert "world_size: here 4 (torch.distributed), in the restore point 2" in details
+    assert "not declared reshardable" in details
+    assert "step 10" in details  # the older one that would pass
+    chosen = choose(url, run=RUN, views=[view], accept_older=True)
+    assert chosen is not None
+    assert chosen.url == four
+    assert choose(url, run=RUN, views=[replace(view, world_size=2)]).url == two  # type: ignore[union-attr]
+    assert choose(url, run=RUN, views=[replace(view, world_size=UNSET)]).url == two  # type: ignore[union-attr]
+    # One process (world 1) is refused a 2-rank restore point, and takes a 1-process one.
+    with pytest.raises(IncompatibleRestorePoint, match="world_size"):
+        choose(url, run=RUN, views=[replace(view, world_size=1)])
 
 
 def test_a_part_alone_is_not_imported(tmp_path: Path) -> None:

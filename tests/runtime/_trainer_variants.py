@@ -259,14 +259,16 @@ def ddp_main(argv: list[str]) -> int:
     if args.pack_delay:
         from restorepoint.runtime import run as runtime_run
 
-        real_publish = runtime_run.publish
+        def slow(real: Any) -> Any:
+            def slow_publish(*a: Any, **k: Any) -> Any:
+                # A slow upload: the next snapshot comes while this one is still being packed.
+                time.sleep(args.pack_delay)
+                return real(*a, **k)
 
-        def slow_publish(*a: Any, **k: Any) -> Any:
-            # A slow upload: the next snapshot comes while this one is still being packed.
-            time.sleep(args.pack_delay)
-            return real_publish(*a, **k)
+            return slow_publish
 
-        runtime_run.publish = slow_publish  # type: ignore[assignment]
+        runtime_run.publish = slow(runtime_run.publish)  # type: ignore[assignment]
+        runtime_run.publish_part = slow(runtime_run.publish_part)  # type: ignore[assignment]
     torch.set_num_threads(1)
     if args.world > 1:
         torch.distributed.init_process_group(

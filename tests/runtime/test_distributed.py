@@ -22,6 +22,7 @@ from restorepoint.ops import (  # noqa: E402
     read_manifest,
     verify,
 )
+from restorepoint.runtime.safe_load import safe_load  # noqa: E402
 
 from . import _trainer_variants as tv  # noqa: E402
 from ._ranks import final, launch  # noqa: E402
@@ -76,17 +77,31 @@ def test_stop_on_rank_0_is_agreed_published_once_and_resumes_bit_for_bit(
     assert [r.out[-1] for r in ranks] == ["exit 42 at step 5"] * 2
     (run_dir,) = runs.iterdir()
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert checkpoints == ["last.rank0.pt", "last.rank1.pt", "position.json"]
+    # What both ranks hold alike (DDP: model, optimizer, scheduler) is saved once, in a
+    # shared file named by its content; each rank's own file holds its RNG and position.
+    (shared,) = [name for name in checkpoints if name.startswith("shared-")]
+    assert checkpoints == ["last.rank0.pt", "last.rank1.pt", "position.json", shared]
+    tracked = ["model", "optimizer", "scheduler"]
     for r in (0, 1):
-        state = torch.load(run_dir / "checkpoints" / f"last.rank{r}.pt", weights_only=False)
+        state = safe_load(run_dir / "checkpoints" / f"last.rank{r}.pt")
         assert (state["rank"], state["world_size"], state["position"]["step"]) == (r, 2, 5)
+        assert state["objects"] == {}
+        assert state["shared"] == {"file": shared, "objects": tracked}
+    common = safe_load(run_dir / "checkpoints" / shared)
+    assert sorted(common["objects"]) == tracked
+    assert "rng" not in common
     (entry,) = list_store(store)
     assert (entry.step, entry.run) == (5, run_dir.name)
-    # One commit, a part per rank (spec section 25): rank 0's holds the position sidecar.
+    # One commit, a part per rank and the shared part (spec section 25), which holds the
+    # shared state and the position sidecar: the model is stored once, not once a rank.
     assert read_manifest(entry.url).payload == ()
     report = verify(entry.url)
-    paths = sorted(e.path for p in report.parts for e in p.manifest.payload or ())
-    assert paths == ["last.rank0.pt", "last.rank1.pt", "position.json"]
+    held = {
+        p.manifest.part.rank: sorted(e.path for e in p.manifest.payload or ())
+        for p in report.parts
+        if p.manifest.part is not None
+    }
+    assert held == {0: ["last.rank0.pt"], 1: ["last.rank1.pt"], None: ["position.json", shared]}
     status = json.loads((run_dir / "run_status.json").read_text())
     assert (status["status"], status["step"], status["resubmit_count"]) == ("preempted", 5, 1)
     events = tv.events(run_dir)

@@ -78,9 +78,10 @@ def test_sigterm_on_every_rank_then_resume_on_fresh_nodes(
     report = verify(entry.url, storage_options=options)
     assert report.manifest.parts is not None
     assert report.manifest.parts.world_size == world
-    assert sorted(p.manifest.part.rank for p in report.parts if p.manifest.part) == list(
-        range(world)
-    )
+    ranks_of = [p.manifest.part.rank for p in report.parts if p.manifest.part]
+    # A part per rank, and the shared part: DDP's model and optimizer, stored once.
+    assert sorted(r for r in ranks_of if r is not None) == list(range(world))
+    assert ranks_of.count(None) == 1
     # Fresh nodes: each rank imports its own part from the store and trains to the end.
     ranks = launch(tmp_path, "res", "--root", str(tmp_path / "b"), "--store", store,
                    per_rank_root=True, world=world, env=env)  # fmt: skip
@@ -154,6 +155,39 @@ def test_another_world_size_is_refused(tmp_path: Path) -> None:
         world=1,
     )
     assert alone.code != 0
-    assert "made by 2" in alone.err
+    # Refused by the gate (choose), the world size a field like any other.
+    assert "world_size: here 1 (one process), in the restore point 2" in alone.err
     assert "not declared reshardable" in alone.err
     assert not any(line.startswith("step ") for line in alone.out)
+
+
+def test_ranks_whose_run_directories_disagree_resume_from_the_store(
+    tmp_path: Path, references: dict[int, Path]
+) -> None:
+    """Rank 1's node lost its newest snapshot (as a kill in its save leaves it): rank 0's run
+    directory is at step 6, rank 1's at 3. The ranks agree: both resume from the store's
+    newest (step 3), never each from its own; without a store they refuse."""
+    store = f"{tmp_path / 'store'}/"
+    root = tmp_path / "a"
+    ranks = launch(tmp_path, "pre", "--root", str(root), "--store", store, "--sigterm-at", "3",
+                   per_rank_root=True, world=2)  # fmt: skip
+    assert [r.code for r in ranks] == [42, 42], "".join(r.err for r in ranks)
+    (run1,) = (root / "node1").iterdir()
+    saved = {p.name: p.read_bytes() for p in (run1 / "checkpoints").iterdir()}
+    # On to step 6 without the store: both run directories move on, the store stays at 3.
+    ranks = launch(tmp_path, "on", "--root", str(root), "--sigterm-at", "6",
+                   per_rank_root=True, world=2)  # fmt: skip
+    assert [r.code for r in ranks] == [42, 42], "".join(r.err for r in ranks)
+    assert all("resumed 3" in " ".join(r.out) for r in ranks)
+    for name, data in saved.items():
+        (run1 / "checkpoints" / name).write_bytes(data)
+    ranks = launch(tmp_path, "no-store", "--root", str(root), per_rank_root=True, world=2)
+    assert all(r.code != 0 for r in ranks)
+    assert all("hold snapshots of steps [6, 3]" in r.err for r in ranks), ranks[0].err
+    assert not any(line.startswith("step ") for r in ranks for line in r.out)
+    ranks = launch(tmp_path, "res", "--root", str(root), "--store", store,
+                   per_rank_root=True, world=2)  # fmt: skip
+    assert [r.code for r in ranks] == [0, 0], "".join(r.err for r in ranks)
+    assert all("resumed 3" in " ".join(r.out) for r in ranks)
+    for r in (0, 1):
+        tv.assert_same_state(final(references[2], "ref", r), final(tmp_path, "res", r), str(r))

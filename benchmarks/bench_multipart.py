@@ -125,12 +125,16 @@ def main() -> None:
         f"{args.ranks} ranks x {result['mib_per_rank']} MiB (real weights), "
         f"{os.cpu_count()} cores, median of {args.repeat}"
     )
-    print(f"  one rank publish           {result['one_rank_s']:8.3f} s")
-    print(f"  {args.ranks} ranks, each its own state {result['all_ranks_s']:8.3f} s")
-    print(f"    of which the commit      {result['commit_s']:8.3f} s")
-    print(f"  {args.ranks} ranks under DDP (once) {result['ddp_s']:8.3f} s")
-    print(f"  ratio each own / one rank  {result['ratio']:8.2f}")
-    print(f"  ratio DDP / one rank       {result['ddp_ratio']:8.2f}")
+    rows = [
+        ("one rank publish", result["one_rank_s"], "s"),
+        (f"{args.ranks} ranks, each its own state", result["all_ranks_s"], "s"),
+        ("  of which the commit", result["commit_s"], "s"),
+        (f"{args.ranks} ranks under DDP (state once)", result["ddp_s"], "s"),
+        ("ratio each own / one rank", result["ratio"], "x"),
+        ("ratio DDP / one rank", result["ddp_ratio"], "x"),
+    ]
+    for label, value, unit in rows:
+        print(f"  {label:<34} {value:8.3f} {unit}")
 
 
 if __name__ == "__main__":

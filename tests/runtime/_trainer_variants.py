@@ -241,6 +241,7 @@ def ddp_main(argv: list[str]) -> int:
     parser.add_argument(
         "--kill-in-upload", type=int, help="this rank is SIGKILLed while its part uploads"
     )
+    parser.add_argument("--ddp-option", action="append", default=[], help="NAME=true|false")
     args = parser.parse_args(argv)
     if args.root_per_rank:
         args.root = args.root / f"node{args.rank}"
@@ -295,7 +296,8 @@ def ddp_main(argv: list[str]) -> int:
             model = objects["model"]
             net: torch.nn.Module = model
             if torch.distributed.is_initialized():
-                net = torch.nn.parallel.DistributedDataParallel(model)
+                options = {k: v == "true" for k, v in (o.split("=") for o in args.ddp_option)}
+                net = torch.nn.parallel.DistributedDataParallel(model, **options)
             optimizer, scheduler = objects["optimizer"], objects["scheduler"]
             run.track(model=model, optimizer=optimizer, scheduler=scheduler)
             pos = run.resume()

@@ -1,7 +1,8 @@
 """Multi-node jobs: ranks that share only the store (spec section 25).
 
 Every rank is a subprocess over gloo with a run directory of its own (``--root-per-rank``: two
-"nodes"), the store a local directory or moto's S3 server. Each rank publishes its own part and
+or four "nodes"), the store moto's S3 server (a local directory where only the ranks' steps are
+at stake). Each rank publishes its own part and
 rank 0 the commit once every part is in; a resume on fresh directories imports, on each rank,
 only its own part. Shown: SIGTERM on every rank at a random step gives one restore point with
 every rank's state (what DDP's ranks hold alike stored once), and the resumed ranks end bit for
@@ -62,7 +63,7 @@ def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[s
     return f"s3://{bucket}/runs/", options, env
 
 
-@pytest.mark.parametrize(("world", "kind"), [(2, "s3"), (4, "local")])
+@pytest.mark.parametrize(("world", "kind"), [(2, "s3"), (4, "s3")])
 def test_sigterm_on_every_rank_then_resume_on_fresh_nodes(
     world: int,
     kind: str,
@@ -111,23 +112,23 @@ def test_sigterm_on_every_rank_then_resume_on_fresh_nodes(
 
 
 def test_a_rank_killed_in_its_upload_leaves_the_previous_newest(
-    tmp_path: Path, references: dict[int, Path]
+    tmp_path: Path, references: dict[int, Path], request: pytest.FixtureRequest
 ) -> None:
-    store = f"{tmp_path / 'store'}/"
+    store, opts, env = _store("s3", tmp_path, request)
     first = 3
     args = ("--root", str(tmp_path / "a"), "--store", store, "--sigterm-at", str(first))
-    ranks = launch(tmp_path, "pre", *args, per_rank_root=True, world=2)
+    ranks = launch(tmp_path, "pre", *args, per_rank_root=True, world=2, env=env)
     assert [r.code for r in ranks] == [42, 42], "".join(r.err for r in ranks)
-    before = latest(store, verify_it=True)
+    before = latest(store, verify_it=True, storage_options=opts)
     assert before.step == first
     # Resumed, and at the next snapshot rank 1 dies while its part uploads.
     args = ("--root", str(tmp_path / "a"), "--store", store, "--sigterm-at", str(first + 3),
             "--kill-in-upload", "1")  # fmt: skip
-    ranks = launch(tmp_path, "killed", *args, per_rank_root=True, world=2)
+    ranks = launch(tmp_path, "killed", *args, per_rank_root=True, world=2, env=env)
     assert ranks[1].code == -9
     assert ranks[0].code != 0
-    assert [e.url for e in list_store(store)] == [before.url]
-    assert latest(store, verify_it=True).url == before.url
+    assert [e.url for e in list_store(store, storage_options=opts)] == [before.url]
+    assert latest(store, verify_it=True, storage_options=opts).url == before.url
     # The previous one resumes, on fresh nodes, to the uninterrupted end.
     ranks = launch(
         tmp_path,
@@ -138,6 +139,7 @@ def test_a_rank_killed_in_its_upload_leaves_the_previous_newest(
         store,
         per_rank_root=True,
         world=2,
+        env=env,
     )
     assert [r.code for r in ranks] == [0, 0], "".join(r.err for r in ranks)
     assert all(f"resumed {first}" in " ".join(r.out) for r in ranks)

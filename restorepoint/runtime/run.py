@@ -806,10 +806,12 @@ class ResumableRun:
             log.warning("snapshot at step %d failed: %s", snap.position.step, exc)
             self._event("snapshot_failed", step=snap.position.step, error=str(exc))
 
-    def _save(self, snap: Snapshot, target: Path, state: Mapping[str, Any]) -> None:
+    def _save(
+        self, snap: Snapshot, target: Path, state: Mapping[str, Any], *, sidecar: bool = True
+    ) -> None:
         """A kill at any moment leaves the previous file or the new one, never a torn one."""
         save_state(state, target, self.run_dir)
-        if self.is_main:
+        if sidecar and self.is_main:
             # A small sidecar, so choosing where to resume from needs no load of the state.
             atomic_write(target.parent / POSITION_FILE, json_line(snap.position.to_dict()))
 
@@ -848,7 +850,7 @@ class ResumableRun:
             if shared:
                 name = shared_file(shared)
                 state, common_state = split_shared(snap.state, sorted(shared), name)
-                self._save(snap, checkpoints / name, common_state)
+                self._save(snap, checkpoints / name, common_state, sidecar=False)
                 common = [name]
             self._save(snap, checkpoints / self._rank_file(), state)
             if shared:

@@ -3,11 +3,19 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+
+def trials(default: int) -> int:
+    """Kills a scenario runs: ``default`` (enough stratified kill points for CI to cover the
+    whole operation, both ways, every run), or ``$RESTOREPOINT_CRASH_TRIALS`` for a longer
+    hunt."""
+    return int(os.environ.get("RESTOREPOINT_CRASH_TRIALS", default))
 
 
 def spawn_ready(

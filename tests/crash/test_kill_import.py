@@ -31,7 +31,7 @@ import pytest
 import restorepoint
 from restorepoint.testing.store import payload
 
-from ._ready import spawn_ready
+from ._ready import spawn_ready, trials
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ LINGER = 60.0
 #: Delays run up to this multiple of the measured import: the part past 1.0 lands after the
 #: move into place even when a trial is slower than the measured one.
 REACH = 1.5
-TRIALS = 40  # per scenario
+TRIALS = trials(24)  # per scenario
 
 
 def tree_of(root: Path) -> dict[str, Any] | None:

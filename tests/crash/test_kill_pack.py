@@ -31,6 +31,7 @@ import restorepoint
 from restorepoint.testing.store import payload
 
 from ._ready import spawn_ready
+from ._ready import trials as kills
 
 pytestmark = pytest.mark.slow
 
@@ -231,8 +232,9 @@ def test_kill_local_pack(sources: tuple[Path, Path], tmp_path: Path) -> None:
     directory.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}
     target = LocalTarget(url=str(directory / FINAL), env=env, directory=directory)
-    outcomes = run_trials(source, old_source, target, trials=40)
-    assert outcomes["old kept"] + outcomes["new published"] == 40
+    count = kills(24)
+    outcomes = run_trials(source, old_source, target, trials=count)
+    assert outcomes["old kept"] + outcomes["new published"] == count
 
 
 @pytest.mark.s3
@@ -253,5 +255,6 @@ def test_kill_s3_pack(
         bucket=s3_bucket,
         key=key,
     )
-    outcomes = run_trials(source, old_source, target, trials=30)
-    assert outcomes["old kept"] + outcomes["new published"] == 30
+    count = kills(16)
+    outcomes = run_trials(source, old_source, target, trials=count)
+    assert outcomes["old kept"] + outcomes["new published"] == count

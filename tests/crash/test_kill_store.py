@@ -43,7 +43,7 @@ import pytest
 import restorepoint
 from restorepoint.testing.store import payload
 
-from ._ready import spawn_ready
+from ._ready import spawn_ready, trials
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +55,8 @@ LINGER = 60.0
 #: Delays run up to this multiple of the measured operation: the part past 1.0 lands after its
 #: end even when a trial is slower than the measured one.
 REACH = 1.5
-LOCAL_TRIALS = 40
-S3_TRIALS = 30
+LOCAL_TRIALS = trials(24)
+S3_TRIALS = trials(16)
 R1, R2 = "r1", "r2"  # r1: the run _store_worker.py packs and prunes
 #: Second newest and newest of r1 in the prune scenario; the older ones are steps 1 to 8.
 SECOND_STEP, NEWEST_STEP = 99, 100

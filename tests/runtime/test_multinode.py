@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,12 @@ torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 if not torch.distributed.is_available():
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
+from clirun import cli  # noqa: E402
+
 from restorepoint.ops import latest, list_store, verify  # noqa: E402
 
 from . import _trainer_variants as tv  # noqa: E402
-from ._ranks import final, launch  # noqa: E402
+from ._ranks import SCRIPT, final, launch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -167,6 +170,14 @@ def test_another_world_size_is_refused(tmp_path: Path) -> None:
     assert "world_size: here 1 (one process), in the restore point 2" in alone.err
     assert "not declared reshardable" in alone.err
     assert not any(line.startswith("step ") for line in alone.out)
+    # Under the supervisor the refusal is the trainer's exit 3, one error line, not requeued.
+    trainer = [sys.executable, str(SCRIPT), "ddp", "--rank", "0", "--world", "1",
+               "--out", str(tmp_path / "sup.pt"), "--root", str(tmp_path / "c")]  # fmt: skip
+    proc = cli("run", "--store", store, "--", *trainer, timeout=240)
+    assert proc.returncode == 3, proc.stderr
+    assert "world_size: here 1 (one process), in the restore point 2" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "\nstep " not in proc.stdout
 
 
 def test_ranks_whose_run_directories_disagree_resume_from_the_store(

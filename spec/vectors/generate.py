@@ -33,6 +33,7 @@ import struct
 import sys
 import tracemalloc
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1824,20 +1825,30 @@ def read_trusted(data: bytes, trust: Trust) -> tuple[dict[str, int], dict[str, s
     return opened.manifest.position.to_dict(), {p: h.hexdigest() for p, h in hashes.items()}
 
 
-def trust_outcome(t: TrustVector) -> list[str]:
-    """Problems with what the reader, given the recorded options, makes of ``t``."""
+def checked_read(name: str, expected: str | None, read: Callable[[], Any]) -> tuple[list[str], Any]:
+    """Run ``read``. When its outcome is not the ``expected`` error class (None: to verify),
+    the problems; when it refused as expected, no problems and None; when it verified as
+    expected, no problems and what it returned."""
     try:
-        position, files = read_trusted(t.data, t.trust())
+        got = read()
     except errors.RestorePointError as exc:
         found = errors.error_class(exc)
-        if found != t.expected_error:
-            return [f"{t.name}: expected {t.expected_error or 'to verify'}, raised {found}: {exc}"]
-        return []
+        if found != expected:
+            return [f"{name}: expected {expected or 'to verify'}, raised {found}: {exc}"], None
+        return [], None
     except Exception as exc:
-        return [f"{t.name}: reader crashed with {type(exc).__name__}: {exc}"]
-    if t.expected_error is not None:
-        return [f"{t.name}: expected {t.expected_error}, but it verified"]
-    problems = []
+        return [f"{name}: the reader crashed with {type(exc).__name__}: {exc}"], None
+    if expected is not None:
+        return [f"{name}: expected {expected}, but it verified"], None
+    return [], got
+
+
+def trust_outcome(t: TrustVector) -> list[str]:
+    """Problems with what the reader, given the recorded options, makes of ``t``."""
+    problems, got = checked_read(t.name, t.expected_error, lambda: read_trusted(t.data, t.trust()))
+    if problems or got is None:
+        return problems
+    position, files = got
     if position != t.position:
         problems.append(f"{t.name}: position {position}, expected {t.position}")
     if files != t.files:
@@ -2170,18 +2181,11 @@ def set_files(sets: list[SetVector]) -> dict[str, bytes]:
 def set_outcome(s: SetVector) -> list[str]:
     """Problems with what verify (the library's, which reads each part the commit names)
     makes of the set's commit, as committed."""
-    try:
-        report = restorepoint.verify(str(HERE / s.commit))
-    except errors.RestorePointError as exc:
-        found = errors.error_class(exc)
-        if found != s.expected_error:
-            return [f"{s.name}: expected {s.expected_error or 'to verify'}, raised {found}: {exc}"]
-        return []
-    except Exception as exc:
-        return [f"{s.name}: verify crashed with {type(exc).__name__}: {exc}"]
-    if s.expected_error is not None:
-        return [f"{s.name}: expected {s.expected_error}, but it verified"]
-    problems = []
+    problems, report = checked_read(
+        s.name, s.expected_error, lambda: restorepoint.verify(str(HERE / s.commit))
+    )
+    if problems or report is None:
+        return problems
     position = report.manifest.position.to_dict()
     if position != s.position:
         problems.append(f"{s.name}: position {position}, expected {s.position}")

@@ -48,7 +48,9 @@ def main(phase: str, rank: int, world: int, init: str, store: str, root: Path) -
         if phase == "save":
             state = {"w": distribute_tensor(expected(), mesh, [Shard(0)])}
             dcp.save(state, checkpoint_id=str(node / "dcp"))
-            print("url", publish_dcp(node / "dcp", store, HeadSpec.from_view(VIEW, 12, run="dcp")))
+            head = HeadSpec.from_view(VIEW, 12, run="dcp")
+            # With keep_last: each rank reads its own part back, and the prune trusts it.
+            print("url", publish_dcp(node / "dcp", store, head, keep_last=1))
         else:
             dest = import_dcp(sys.argv[7], node / "import", views=[VIEW])
             state = {"w": distribute_tensor(torch.zeros(8, 4), mesh, [Shard(0)])}

@@ -215,6 +215,8 @@ class Parts:
             raise MalformedManifest("parts.objects must be sorted by name, without repeats")
         if sorted(r.rank for r in refs if r.rank is not None) != list(range(world)):
             raise MalformedManifest("parts.objects must hold exactly one part for every rank")
+        if len({r.id for r in refs}) != len(refs):
+            raise MalformedManifest("parts.objects: two parts have the same id")
         return cls(world, reshardable, tuple(refs))
 
 

@@ -47,9 +47,14 @@ def check_part(  # noqa: PLR0913 - the commit, the part's reference and what was
     url: str,
 ) -> None:
     """The part read at ``url`` is the one ``commit`` names: its digest (which pins its head
-    and index), size and id, and its head names the commit, the rank, the world size, the run
-    and the position. Anything else is an IntegrityError."""
+    and index), size and id (never the commit's own), and its head names the commit, the rank,
+    the world size, and says what the commit says of the run, the position, the time and
+    everything the gate compares (trainer, terms, cache root, cache keys, config identity,
+    operational keys): the gate's decision on the commit holds for every part. Anything else
+    is an IntegrityError."""
     assert commit.parts is not None
+    if part.id == commit.id:
+        raise IntegrityError(f"part {ref.name} has its commit's id", url=url, found=part.id)
     expected: list[tuple[str, Any, Any]] = [
         ("digest", ref.digest, digest),
         ("size", ref.size, size),
@@ -59,6 +64,13 @@ def check_part(  # noqa: PLR0913 - the commit, the part's reference and what was
         ("world size", commit.parts.world_size, part.part.world_size if part.part else None),
         ("run", commit.run, part.run),
         ("position", commit.position, part.position),
+        ("created", commit.created, part.created),
+        ("trainer", commit.trainer, part.trainer),
+        ("terms", dict(commit.terms), dict(part.terms)),
+        ("cache root", commit.cache_root, part.cache_root),
+        ("cache keys", dict(commit.cache_keys), dict(part.cache_keys)),
+        ("config identity", commit.config_identity, part.config_identity),
+        ("operational keys", commit.operational_keys, part.operational_keys),
     ]
     for what, want, found in expected:
         if want != found:

@@ -471,9 +471,9 @@ def _valid(v: Vectors) -> None:
 _REF = {"digest": "ab" * 32, "id": "cd" * 16, "size": 4096}
 MULTIPART_PARTS = {
     "objects": [
-        {**_REF, "name": "rank-00000.rp", "rank": 0},
-        {**_REF, "name": "rank-00001.rp", "rank": 1},
-        {**_REF, "name": "shared.rp", "rank": None},
+        {**_REF, "id": "c0" * 16, "name": "rank-00000.rp", "rank": 0},
+        {**_REF, "id": "c1" * 16, "name": "rank-00001.rp", "rank": 1},
+        {**_REF, "id": "cf" * 16, "name": "shared.rp", "rank": None},
     ],
     "reshardable": False,
     "world_size": 2,
@@ -535,6 +535,19 @@ def _multipart(v: Vectors) -> None:
         "MalformedManifest",
         "A part of rank 2 in a world of two.",
         _multipart_head(part={**MULTIPART_PART, "rank": 2}),
+    )
+    same = parts_of({}, format_version="1.1", required_features=["multipart/1"])
+    same.minor = 1
+    first = MULTIPART_PARTS["objects"][0]["id"]
+    same.head["parts"] = {
+        **MULTIPART_PARTS,
+        "objects": [{**o, "id": first} for o in MULTIPART_PARTS["objects"]],
+    }
+    v.broken(
+        "multipart-duplicate-part-ids",
+        "MalformedManifest",
+        "A commit (no payload) that names its parts all by one id.",
+        same,
     )
     v.broken(
         "multipart-in-format-1.0",
@@ -2003,6 +2016,11 @@ class SetVector:
         return out
 
 
+#: Another config than the commits' (lr 0.002 for 0.001), with its own identity.
+OTHER_CONFIG = {"lr": 0.002, "model": {"width": 64}, "train": {"checkpoint_every": 500}}
+OTHER_IDENTITY = config_identity(OTHER_CONFIG, ["train.checkpoint_every"])
+
+
 def build_sets() -> list[SetVector]:
     out: list[SetVector] = []
     good = {part_name(r): assemble(part_parts(r)) for r in (0, 1, None)}
@@ -2133,6 +2151,29 @@ def build_sets() -> list[SetVector]:
             "set-part-position-differs",
             "Rank 1's part is at step 1501, the commit at 1500, and the commit names it by digest.",
             part_parts(1, position={"batch": 3, "epoch": 1, "step": 1501}),
+        ),
+        (
+            "set-part-created-differs",
+            "Rank 1's part was created a second after its commit, and the commit names it by "
+            "digest.",
+            part_parts(1, created="2026-01-01T00:00:01.000Z"),
+        ),
+        (
+            "set-part-trainer-differs",
+            "Rank 1's part is of another trainer version than its commit (which the gate reads), "
+            "and the commit names it by digest.",
+            part_parts(1, trainer={"name": "fake-trainer", "version": "9.9.9"}),
+        ),
+        (
+            "set-part-config-differs",
+            "Rank 1's part has another config (lr 0.002) than its commit (which the gate reads), "
+            "and the commit names it by digest.",
+            part_parts(1, config=OTHER_CONFIG, config_identity=OTHER_IDENTITY),
+        ),
+        (
+            "set-part-has-the-commit-id",
+            "Rank 1's part has its commit's own id, and the commit names it so, by digest.",
+            part_parts(1, id=COMMIT_ID),
         ),
     ]
     for name, fault, part in named_faults:

@@ -309,6 +309,7 @@ def test_format_version_and_head(tmp_path: Path) -> None:
         (lambda p: p["objects"][0].update(name="rank-00007.rp"), "is named"),
         (lambda p: p["objects"].reverse(), "sorted"),
         (lambda p: p.update(reshardable="yes"), "reshardable"),
+        (lambda p: p["objects"][1].update(id="b" * 32), "the same id"),
     ],
 )
 def test_parts_member_is_checked(mutate: Any, message: str) -> None:
@@ -316,7 +317,7 @@ def test_parts_member_is_checked(mutate: Any, message: str) -> None:
     parts = {
         "objects": [
             {**ref, "name": "rank-00000.rp", "rank": 0},
-            {**ref, "name": "rank-00001.rp", "rank": 1},
+            {**ref, "id": "c" * 32, "name": "rank-00001.rp", "rank": 1},
         ],
         "reshardable": False,
         "world_size": 2,

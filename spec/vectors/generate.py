@@ -93,6 +93,18 @@ PLANES_FEATURE = "planes/1"
 OTHER_ID = "fedcba9876543210fedcba9876543210"
 
 
+def record_outcome(expected_error: str | None, fault: str) -> dict[str, Any]:
+    """A record's outcome fields: whether it is valid, the error class a reader must raise and
+    the exit code of ``restorepoint verify``, and the fault planted."""
+    valid = expected_error is None
+    return {
+        "valid": valid,
+        "expected_error": expected_error,
+        "exit_code": 0 if valid else getattr(errors, str(expected_error)).exit_code,
+        "fault": fault,
+    }
+
+
 @dataclass(frozen=True)
 class Vector:
     name: str
@@ -110,10 +122,7 @@ class Vector:
         out: dict[str, Any] = {
             "name": self.name,
             "file": f"{self.name}.rp",
-            "valid": valid,
-            "expected_error": self.expected_error,
-            "exit_code": 0 if valid else getattr(errors, str(self.expected_error)).exit_code,
-            "fault": self.fault,
+            **record_outcome(self.expected_error, self.fault),
         }
         if valid:
             out["position"] = self.position
@@ -2005,10 +2014,7 @@ class SetVector:
             "name": self.name,
             "kind": "set",
             "commit": self.commit,
-            "valid": valid,
-            "expected_error": self.expected_error,
-            "exit_code": 0 if valid else getattr(errors, str(self.expected_error)).exit_code,
-            "fault": self.fault,
+            **record_outcome(self.expected_error, self.fault),
         }
         if valid:
             out["position"] = self.position

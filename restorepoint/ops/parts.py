@@ -155,8 +155,9 @@ def publish_commit(  # noqa: PLR0913 - the commit's store, head, plan, parts and
     """Publish the commit naming ``refs`` (every rank's part, and the shared one if any),
     through the one publish (spec 19.7): create-only under its store name, then the handoff,
     then the prune with it protected. Only now is there a new restore point.
-    ``parts_verified``: every part was read back by its rank (``publish_part(verify_it=True)``),
-    so the prune reads only their heads and indexes, not every rank's bytes (spec 25.5)."""
+    ``parts_verified``: every part was read back by its rank (``publish_part(verify_it=True)``,
+    which can't read back an encrypted part), so the prune reads only their heads and indexes,
+    not every rank's bytes (spec 25.5)."""
     if not store.endswith("/"):
         raise UsageError("a multi-part restore point goes into a store (a URL ending in /)")
     commit = plan.commit_spec(spec, refs)

@@ -916,7 +916,7 @@ class ResumableRun:
                 parts,
                 self.options,
                 keep_last=self.keep_last,
-                parts_verified=self.keep_last is not None,
+                parts_verified=self.keep_last is not None and not self.options.encrypt_to,
             )
         except RestorePointError as exc:
             self.uploads.append({"ok": False, "step": step, "error": str(exc)})

@@ -71,33 +71,23 @@ def publish_dcp(  # noqa: PLR0913 - the checkpoint, store, head, and the publish
     check = keep_last is not None and not options.encrypt_to
     refs: list[dict[str, Any]] = []
     error = ""
+
+    def part(include: list[str], part_rank: int | None) -> dict[str, Any]:
+        return publish_part(
+            checkpoint_dir,
+            store,
+            head,
+            plan,
+            rank=part_rank,
+            options=options,
+            include=include,
+            verify_it=check,
+        ).to_dict()
+
     try:
-        own = [f for f in files if f != METADATA_FILE]
-        refs.append(
-            publish_part(
-                checkpoint_dir,
-                store,
-                head,
-                plan,
-                rank=rank,
-                options=options,
-                include=own,
-                verify_it=check,
-            ).to_dict()
-        )
+        refs.append(part([f for f in files if f != METADATA_FILE], rank))
         if rank == 0:
-            refs.append(
-                publish_part(
-                    checkpoint_dir,
-                    store,
-                    head,
-                    plan,
-                    rank=None,
-                    options=options,
-                    include=[METADATA_FILE],
-                    verify_it=check,
-                ).to_dict()
-            )
+            refs.append(part([METADATA_FILE], None))
     except RestorePointError as exc:
         error = f"rank {rank}: {type(exc).__name__}: {exc.message}"
     gathered: list[Any] = [(refs, error)] if alone else [None] * world

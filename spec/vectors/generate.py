@@ -2311,12 +2311,12 @@ def write_sets(sets: list[SetVector]) -> None:
         (HERE / name).write_bytes(data)
 
 
-def check_sets(sets: list[SetVector]) -> tuple[list[str], int]:
-    """Problems with the committed sets (bytes, stale or missing files, what verify makes of
-    each commit), and how many bytes they take."""
+def check_tree(folder: str, wanted: dict[str, bytes]) -> tuple[list[str], int]:
+    """Problems with the committed files under ``folder`` against ``wanted`` (path relative
+    to this directory: bytes): stale, missing, other bytes, over the size limit; and how many
+    bytes the wanted files take."""
     problems = []
-    wanted = set_files(sets)
-    for path in sorted((HERE / SETS).rglob("*")):
+    for path in sorted((HERE / folder).rglob("*")):
         name = path.relative_to(HERE).as_posix()
         if path.is_file() and name not in wanted:
             problems.append(f"{name}: not made by the generator (stale)")
@@ -2330,6 +2330,13 @@ def check_sets(sets: list[SetVector]) -> tuple[list[str], int]:
         total += len(data)
         if len(data) >= MAX_VECTOR_BYTES:
             problems.append(f"{name}: {len(data)} bytes, the limit is {MAX_VECTOR_BYTES}")
+    return problems, total
+
+
+def check_sets(sets: list[SetVector]) -> tuple[list[str], int]:
+    """Problems with the committed sets (bytes, stale or missing files, what verify makes of
+    each commit), and how many bytes they take."""
+    problems, total = check_tree(SETS, set_files(sets))
     if not problems:  # a set read from other bytes would say nothing of these
         for s in sets:
             problems += set_outcome(s)
@@ -2445,19 +2452,9 @@ def check(
             problems.append(f"{name}: differs from what the generator writes")
         total += len(g.data)
         problems += gate_outcome(g)
-    wanted = trust_files(trusts)
-    for path in sorted((HERE / TRUST).rglob("*")):
-        if path.is_file() and str(path.relative_to(HERE)) not in wanted:
-            problems.append(f"{path.relative_to(HERE)}: not made by the generator (stale)")
-    for name, data in wanted.items():
-        path = HERE / name
-        if not path.exists():
-            problems.append(f"{name}: missing")
-        elif path.read_bytes() != data:
-            problems.append(f"{name}: differs from what the generator writes")
-        total += len(data)
-        if len(data) >= MAX_VECTOR_BYTES:
-            problems.append(f"{name}: {len(data)} bytes, the limit is {MAX_VECTOR_BYTES}")
+    trust_problems, trust_total = check_tree(TRUST, trust_files(trusts))
+    problems += trust_problems
+    total += trust_total
     if not any(p.startswith(TRUST_KEYS) for p in problems):
         for t in trusts:
             problems += trust_outcome(t)

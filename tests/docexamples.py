@@ -149,9 +149,9 @@ def command_texts(block: Block) -> list[str]:
         if not pending and (not line.strip() or line.lstrip().startswith("#")):
             continue
         if line.rstrip().endswith("\\"):
-            pending += line.rstrip()[:-1] + " "
+            pending += line.rstrip()[:-1].strip() + " "
             continue
-        out.append((pending + line).strip())
+        out.append(pending + line.strip())
         pending = ""
     if pending:
         raise AssertionError(f"{block.where}: the last line continues into nothing")

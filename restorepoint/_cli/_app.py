@@ -53,23 +53,24 @@ def _root(
     """Versioned, verified restore points for ML training."""
 
 
-#: One example per verb, shown at the end of its --help (tests parse each one).
+#: One example per verb, shown at the end of its --help. In this order they are one session, a
+#: newcomer's (pack into a store, verify, inspect, import and check with the same config, ...):
+#: tests/test_doc_examples.py runs them so, and tests/cli/test_imports.py parses each one.
 EXAMPLES: dict[str, str] = {
     "pack": "restorepoint pack checkpoints/ s3://bucket/store/ --run exp1 --step 1200 "
     "--config train.yaml --keep-last 3",
     "verify": "restorepoint verify s3://bucket/store/ --latest --run exp1",
     "inspect": "restorepoint inspect s3://bucket/store/ --latest --run exp1 --head",
-    "import": "restorepoint import s3://bucket/store/ checkpoints/ --latest --run exp1 "
-    "--adapter torch --config train.yaml --check-keys",
-    "check": "restorepoint check s3://bucket/store/ --latest --run exp1 --adapter torch "
-    "--config train.yaml",
+    "import": "restorepoint import s3://bucket/store/ restored/ --latest --run exp1 "
+    "--config train.yaml --check-keys",
+    "check": "restorepoint check s3://bucket/store/ --latest --run exp1 --config train.yaml",
     "local-view": "restorepoint local-view --adapter torch --config train.yaml --data data/",
     "list": "restorepoint list s3://bucket/store/ --run exp1",
     "latest": "restorepoint latest s3://bucket/store/ --run exp1 --verify",
     "prune": "restorepoint prune s3://bucket/store/ --run exp1 --keep-last 3 --dry-run",
-    "keygen": "restorepoint keygen keys/signer --for signing",
+    "keygen": "restorepoint keygen signer.key --for signing",
     "adapters": "restorepoint adapters --json",
-    "run": "restorepoint run --watch aws --auto-resume --store s3://bucket/store/ --run exp1 "
+    "run": "restorepoint run --watch aws --auto-resume --store s3://bucket/store/ "
     "-- python train.py --config train.yaml",
     "snapshot": "restorepoint snapshot runs/exp1 --wait 60",
     "slurm-template": "restorepoint slurm-template --job-name exp1 -- python train.py",

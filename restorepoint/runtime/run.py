@@ -52,12 +52,11 @@ from .._posix import atomic_write, signal_number
 from .._text import printable
 from .._version import __version__
 from ..errors import IncompatibleRestorePoint, NotFound, RestorePointError, UsageError
-from ..format import PartRef, Position, Trainer, config_identity, diff_configs
+from ..format import Position, Trainer, config_identity, diff_configs
 from ..ops import Expectations, check_json_data, latest, load_config
 from ..ops.gate import decide, refuse
 from ..ops.local_view import cache_root_from_env
-from ..ops.parts import CommitPlan, publish_commit, publish_part
-from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.publish import HeadSpec, PackOptions
 from ..ops.resume import choose, read_head_file, resume_import
 from ..trust import Trust, load_signing_key
 from .contract import (
@@ -75,20 +74,11 @@ from .contract import (
 )
 from .data import EpochSampler, effective_batches
 from .detect import TORCH_TERMS_SOURCE, torch_terms
+from .publish import Publisher, json_line, rank_file
 from .safe_load import safe_load
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
-from .state import (
-    STATE_FORMAT,
-    load_state,
-    remove_other_shared,
-    rng_state,
-    save_state,
-    set_rng,
-    shared_file,
-    split_shared,
-    state_digest,
-    to_cpu,
-)
+from .state import STATE_FORMAT, load_state, rng_state, set_rng, to_cpu
+from .stop import finish_uploads, stop
 from .worker import Snapshot, SnapshotWorker
 
 __all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
@@ -208,16 +198,12 @@ class ResumableRun:
             sign=(load_signing_key(sign),) if sign is not None else (),
             storage_options=storage_options,
         )
-        self.worker: SnapshotWorker[Snapshot] = SnapshotWorker(
-            self._save_and_publish, nice=background_nice
-        )
         self.objects: dict[str, Any] = {}
         self.step = 0
         self.epoch = 0
         self.batch = 0
         self.resumed_from: Position | None = None
         self.last_pause_s: float | None = None
-        self.uploads: list[dict[str, Any]] = []
         self._start_epoch = 0
         self._status = "running"
         self._resubmits = 0
@@ -234,6 +220,22 @@ class ResumableRun:
             self._group = torch.distributed.new_group(
                 backend="gloo", timeout=datetime.timedelta(seconds=max(upload_timeout, 60.0))
             )
+        self.publisher = Publisher(
+            self.directory,
+            self.store,
+            self.options,
+            keep_last=keep_last,
+            rank=self._rank,
+            world=self._world,
+            group=self._group,
+            head=self._head,
+            event=self._event,
+        )
+        #: Each publish's outcome, newest last (rank 0 with a process group).
+        self.uploads = self.publisher.uploads
+        self.worker: SnapshotWorker[Snapshot] = SnapshotWorker(
+            self.publisher.save_and_publish, nice=background_nice
+        )
 
     # -- what this run is -----------------------------------------------------------------------
 
@@ -478,7 +480,7 @@ class ResumableRun:
             self.objects[name] = obj
 
     def _rank_file(self) -> str:
-        return "last.pt" if self._world == 1 else f"last.rank{self._rank}.pt"
+        return rank_file(self._rank, self._world)
 
     def resume(self) -> Position:
         """Restore the newest matching snapshot (the run directory's, or the store's newest
@@ -765,205 +767,7 @@ class ResumableRun:
         return self.worker.wait(timeout)
 
     def _stop(self) -> None:
-        signals = self.flags.take(self.flags.stop_signals)
-        limit = self.max_resubmit_attempts
-        self.worker.unthrottle()
-        # Counted before the snapshot: the restore point carries it, so that the limit holds
-        # on whichever machine resumes next.
-        self._resubmits += 1
-        self.snapshot()
-        # One upload_timeout for the whole stop: __exit__ waits only for what is left of it.
-        self._upload_deadline = time.monotonic() + self.upload_timeout
-        finished = self.wait(self.upload_timeout)
-        over = limit is not None and self._resubmits > limit
-        self._event(
-            "graceful_shutdown",
-            signal=self.flags.last_signal,
-            step=self.step,
-            upload_finished=finished,
-            resubmit_count=self._resubmits,
-        )
-        if over:
-            self._write_status("failed", error=f"resubmit limit {limit} reached")
-        else:
-            self._write_status("preempted")
-        self.flags.chain(signals)
-        self._barrier()
-        raise SystemExit(1 if over else EXIT_RESUMABLE)
-
-    # -- background: save, pack, upload --------------------------------------------------------
-
-    def _save_and_publish(self, snap: Snapshot) -> None:
-        """The worker's job for one snapshot; a failed snapshot must never stop training."""
-        try:
-            if self._world > 1:
-                self._save_and_publish_part(snap)
-                return
-            self._save(snap, self.directory.checkpoints / self._rank_file(), snap.state)
-            if self.store is not None:
-                self._publish(snap)
-        except Exception as exc:
-            log.warning("snapshot at step %d failed: %s", snap.position.step, exc)
-            self._event("snapshot_failed", step=snap.position.step, error=str(exc))
-
-    def _save(
-        self, snap: Snapshot, target: Path, state: Mapping[str, Any], *, sidecar: bool = True
-    ) -> None:
-        """A kill at any moment leaves the previous file or the new one, never a torn one."""
-        save_state(state, target, self.run_dir)
-        if sidecar and self.is_main:
-            # A small sidecar, so choosing where to resume from needs no load of the state.
-            atomic_write(target.parent / POSITION_FILE, json_line(snap.position.to_dict()))
-
-    # -- with a process group: a part per rank, and the commit ----------------------------------
-
-    def _gather(self, value: Any) -> list[Any]:
-        out: list[Any] = [None] * self._world
-        torch.distributed.all_gather_object(out, value, group=self._group)
-        return out
-
-    def _save_and_publish_part(self, snap: Snapshot) -> None:
-        """Every rank, on its worker: agree on the commit and on what every rank holds alike,
-        save (the shared state once, named by its content, and the rank's own), publish the
-        rank's part (rank 0: and the shared part), then rank 0, once every part is in, the
-        commit. Every rank takes part in every collective, whatever fails on the way: a rank
-        that fails (or dies: the collective then fails) leaves no commit, and the previous
-        restore point stays the newest."""
-        box = [CommitPlan.new(self._world).to_dict() if self.is_main else None]
-        torch.distributed.broadcast_object_list(box, src=0, group=self._group)
-        assert isinstance(box[0], dict)
-        plan = CommitPlan.from_dict(box[0])
-        objects = snap.state["objects"]
-        digests = self._gather({name: state_digest(value) for name, value in objects.items()})
-        shared = {
-            name: digest
-            for name, digest in digests[0].items()
-            if digest is not None and all(d.get(name) == digest for d in digests)
-        }
-        checkpoints = self.directory.checkpoints
-        own: list[str] = [self._rank_file()]
-        common: list[str] = []
-        refs: tuple[PartRef | None, PartRef | None] = (None, None)
-        error = ""
-        try:
-            state = snap.state
-            if shared:
-                name = shared_file(shared)
-                state, common_state = split_shared(snap.state, sorted(shared), name)
-                self._save(snap, checkpoints / name, common_state, sidecar=False)
-                common = [name]
-            self._save(snap, checkpoints / self._rank_file(), state)
-            if shared:
-                remove_other_shared(checkpoints, common[0])
-            if self.store is not None:
-                refs = self._publish_parts(snap, plan, own, common)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
-            log.warning("snapshot at step %d failed: %s", snap.position.step, error)
-        if self.store is None:
-            return
-        gathered = self._gather((refs, error))
-        step = snap.position.step
-        if not self.is_main:
-            if error:
-                self._event("upload_failed", step=step, error=error)
-            return
-        failed = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]
-        if failed:
-            self.uploads.append({"ok": False, "step": step, "error": "; ".join(failed)})
-            self._event("upload_failed", step=step, error="; ".join(failed))
-            return
-        parts = [ref for pair, _ in gathered for ref in pair if ref is not None]
-        self._publish_commit(snap, plan, parts)
-
-    def _publish_parts(
-        self, snap: Snapshot, plan: CommitPlan, own: list[str], common: list[str]
-    ) -> tuple[PartRef | None, PartRef | None]:
-        """This rank's part; on rank 0 also the shared part (the shared state and the
-        position), or the position in its own part when nothing is shared."""
-        head = self._head(snap.position)
-        mine, shared = own, None
-        if self.is_main:
-            if common:
-                shared = [*common, POSITION_FILE]
-            else:
-                mine = [*own, POSITION_FILE]
-
-        def part(include: list[str], rank: int | None) -> PartRef:
-            return publish_part(
-                self.directory.checkpoints,
-                self.store or "",
-                head,
-                plan,
-                rank=rank,
-                options=self.options,
-                include=include,
-                # With a prune after the commit, each rank reads its own part back, so that
-                # the prune need not read every rank's bytes on rank 0 (spec 25.5).
-                verify_it=self.keep_last is not None,
-            )
-
-        return part(mine, self._rank), part(shared, None) if shared else None
-
-    def _publish_commit(self, snap: Snapshot, plan: CommitPlan, parts: list[PartRef]) -> None:
-        started = time.perf_counter()
-        step = snap.position.step
-        try:
-            result = publish_commit(
-                self.store or "",
-                self._head(snap.position),
-                plan,
-                parts,
-                self.options,
-                keep_last=self.keep_last,
-                parts_verified=self.keep_last is not None and not self.options.encrypt_to,
-            )
-        except RestorePointError as exc:
-            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
-            self._event("upload_failed", step=step, error=exc.message)
-            return
-        seconds = time.perf_counter() - started
-        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
-        self._event("uploaded", step=step, seconds=round(seconds, 6), parts=len(parts))
-
-    def _publish(self, snap: Snapshot) -> None:
-        started = time.perf_counter()
-        step = snap.position.step
-        try:
-            result = publish(
-                self.directory.checkpoints,
-                self.store or "",
-                self._head(snap.position),
-                self.options,
-                keep_last=self.keep_last,
-            )
-        except RestorePointError as exc:
-            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
-            self._event(
-                "upload_failed", step=step, error_class=type(exc).__name__, error=exc.message
-            )
-            return
-        seconds = time.perf_counter() - started
-        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
-        self._event("uploaded", step=step, seconds=round(seconds, 6), bytes=result.pack.size)
-        if result.prune_error is not None:
-            self._event(
-                "prune_failed",
-                step=step,
-                error_class=type(result.prune_error).__name__,
-                error=result.prune_error.message,
-            )
+        stop(self)
 
     def _finish_uploads(self) -> None:
-        timeout = self.upload_timeout
-        if self._upload_deadline is not None:
-            timeout = max(0.0, self._upload_deadline - time.monotonic())
-        if not self.wait(timeout):
-            log.warning("an upload was still running after %.0f s; leaving it", self.upload_timeout)
-            self._event("upload_abandoned", step=self.step)
-            return
-        self.worker.finish(0)
-
-
-def json_line(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc).encode() + b"\n"
+        finish_uploads(self)

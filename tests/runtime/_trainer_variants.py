@@ -258,7 +258,7 @@ def ddp_main(argv: list[str]) -> int:
 
         Writer.add = dying_add  # type: ignore[method-assign]
     if args.pack_delay:
-        from restorepoint.runtime import run as runtime_run
+        from restorepoint.runtime import publish as runtime_publish
 
         def slow(real: Any) -> Any:
             def slow_publish(*a: Any, **k: Any) -> Any:
@@ -268,8 +268,8 @@ def ddp_main(argv: list[str]) -> int:
 
             return slow_publish
 
-        runtime_run.publish = slow(runtime_run.publish)  # type: ignore[assignment]
-        runtime_run.publish_part = slow(runtime_run.publish_part)  # type: ignore[assignment]
+        runtime_publish.publish = slow(runtime_publish.publish)  # type: ignore[assignment]
+        runtime_publish.publish_part = slow(runtime_publish.publish_part)  # type: ignore[assignment]
     torch.set_num_threads(1)
     if args.world > 1:
         torch.distributed.init_process_group(

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 from restorepoint.errors import IncompatibleRestorePoint  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
 from restorepoint.runtime import contract as run_contract  # noqa: E402
-from restorepoint.runtime import run as runtime_run  # noqa: E402
+from restorepoint.runtime import publish as runtime_publish  # noqa: E402
 from restorepoint.torch import ResumableRun, run_id_for  # noqa: E402
 
 from . import _trainer_variants as tv  # noqa: E402
@@ -263,7 +263,7 @@ def test_status_and_events_are_whole_after_every_write(
 
     # The run directory's files (contract) and the position sidecar (the run's save).
     monkeypatch.setattr(run_contract, "atomic_write", checked_write)
-    monkeypatch.setattr(runtime_run, "atomic_write", checked_write)
+    monkeypatch.setattr(runtime_publish, "atomic_write", checked_write)
     run_dir = make(root=tmp_path).run_dir
     stop = threading.Event()
     seen = {"status": 0, "events": 0}

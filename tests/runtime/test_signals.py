@@ -486,10 +486,10 @@ def test_the_resubmit_count_travels_with_the_restore_point(tmp_path: Path) -> No
 def test_a_stop_waits_for_the_upload_once_within_upload_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from restorepoint.runtime import run as runtime_run
+    from restorepoint.runtime import publish as runtime_publish
 
     release = threading.Event()
-    real_publish = runtime_run.publish
+    real_publish = runtime_publish.publish
 
     def stuck_publish(*args: Any, **kwargs: Any) -> Any:
         release.wait(60)
@@ -502,7 +502,7 @@ def test_a_stop_waits_for_the_upload_once_within_upload_timeout(
         timeouts.append(timeout)
         return real_wait(self, timeout)
 
-    monkeypatch.setattr(runtime_run, "publish", stuck_publish)
+    monkeypatch.setattr(runtime_publish, "publish", stuck_publish)
     monkeypatch.setattr(ResumableRun, "wait", spy_wait)
     store = f"{tmp_path / 'store'}/"
     try:
@@ -591,17 +591,17 @@ def test_upload_to_an_unreachable_s3_store_fails_and_training_goes_on(
 
 def packs_with_priority(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """Record (step, nice of the calling thread) for every pack the run starts."""
-    from restorepoint.runtime import run as runtime_run
+    from restorepoint.runtime import publish as runtime_publish
 
     seen: list[tuple[int, int]] = []
-    real_publish = runtime_run.publish
+    real_publish = runtime_publish.publish
 
     def spy_publish(*args: Any, **kwargs: Any) -> Any:
         nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         seen.append((args[2].position.step, nice))  # publish(source, store, head, options)
         return real_publish(*args, **kwargs)
 
-    monkeypatch.setattr(runtime_run, "publish", spy_publish)
+    monkeypatch.setattr(runtime_publish, "publish", spy_publish)
     return seen
 
 

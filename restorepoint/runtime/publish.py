@@ -1,0 +1,253 @@
+"""A ResumableRun's way out: save each snapshot to the run directory, then publish it to the
+store, on the snapshot worker's thread (docs/adapters.md, "Snapshots and signals").
+
+- One process: the snapshot is saved whole (``last.pt`` and the position sidecar), then
+  published as one restore point through ``ops.publish``.
+- With a process group: every rank saves and publishes its own part, rank 0 also the part the
+  ranks hold alike, and rank 0 commits once every part is in (spec section 25). Every rank
+  takes part in every collective whatever fails on the way, so a failure leaves no commit and
+  the previous restore point stays the newest.
+
+A failed snapshot never stops training: it is recorded (``uploads``, the ``upload_failed`` and
+``snapshot_failed`` events) and training goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._posix import atomic_write
+from ..errors import RestorePointError
+from ..format import PartRef, Position
+from ..ops.parts import CommitPlan, publish_commit, publish_part
+from ..ops.publish import HeadSpec, PackOptions, publish
+from .contract import POSITION_FILE, RunDirectory
+from .state import remove_other_shared, save_state, shared_file, split_shared, state_digest
+from .worker import Snapshot
+
+__all__ = ["Publisher", "json_line", "rank_file"]
+
+log = logging.getLogger("restorepoint.torch")
+
+
+def json_line(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc).encode() + b"\n"
+
+
+def rank_file(rank: int, world: int) -> str:
+    """The name of a rank's snapshot file in ``checkpoints/``."""
+    return "last.pt" if world == 1 else f"last.rank{rank}.pt"
+
+
+class Publisher:
+    """Saves and publishes the snapshots of one run (one rank of it). ``head`` gives the head
+    of a restore point at a position; ``event`` appends to the run's events (rank 0 only);
+    ``uploads`` records each publish's outcome, newest last."""
+
+    def __init__(  # noqa: PLR0913 - the run's parts, handed over once by ResumableRun
+        self,
+        directory: RunDirectory,
+        store: str | None,
+        options: PackOptions,
+        *,
+        keep_last: int | None,
+        rank: int,
+        world: int,
+        group: Any,
+        head: Callable[[Position], HeadSpec],
+        event: Callable[..., None],
+    ) -> None:
+        self.directory = directory
+        self.store = store
+        self.options = options
+        self.keep_last = keep_last
+        self.rank = rank
+        self.world = world
+        self.group = group
+        self.head = head
+        self.event = event
+        self.uploads: list[dict[str, Any]] = []
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def rank_file(self) -> str:
+        return rank_file(self.rank, self.world)
+
+    def newest_url(self, step: int) -> str | None:
+        """The URL of the restore point published for ``step``, if this process saw it land."""
+        for upload in reversed(self.uploads):
+            if upload.get("step") == step:
+                return str(upload["url"]) if upload.get("ok") else None
+        return None
+
+    # -- the worker's job ----------------------------------------------------------------------
+
+    def save_and_publish(self, snap: Snapshot) -> None:
+        """The worker's job for one snapshot; a failed snapshot must never stop training."""
+        try:
+            if self.world > 1:
+                self._save_and_publish_part(snap)
+                return
+            self._save(snap, self.directory.checkpoints / self.rank_file(), snap.state)
+            if self.store is not None:
+                self._publish(snap)
+        except Exception as exc:
+            log.warning("snapshot at step %d failed: %s", snap.position.step, exc)
+            self.event("snapshot_failed", step=snap.position.step, error=str(exc))
+
+    def _save(
+        self, snap: Snapshot, target: Path, state: Mapping[str, Any], *, sidecar: bool = True
+    ) -> None:
+        """A kill at any moment leaves the previous file or the new one, never a torn one."""
+        save_state(state, target, self.directory.path)
+        if sidecar and self.is_main:
+            # A small sidecar, so choosing where to resume from needs no load of the state.
+            atomic_write(target.parent / POSITION_FILE, json_line(snap.position.to_dict()))
+
+    def _publish(self, snap: Snapshot) -> None:
+        started = time.perf_counter()
+        step = snap.position.step
+        try:
+            result = publish(
+                self.directory.checkpoints,
+                self.store or "",
+                self.head(snap.position),
+                self.options,
+                keep_last=self.keep_last,
+            )
+        except RestorePointError as exc:
+            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
+            self.event(
+                "upload_failed", step=step, error_class=type(exc).__name__, error=exc.message
+            )
+            return
+        seconds = time.perf_counter() - started
+        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
+        self.event("uploaded", step=step, seconds=round(seconds, 6), bytes=result.pack.size)
+        if result.prune_error is not None:
+            self.event(
+                "prune_failed",
+                step=step,
+                error_class=type(result.prune_error).__name__,
+                error=result.prune_error.message,
+            )
+
+    # -- with a process group: a part per rank, and the commit ----------------------------------
+
+    def _gather(self, value: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, value, group=self.group)
+        return out
+
+    def _save_and_publish_part(self, snap: Snapshot) -> None:
+        """Every rank, on its worker: agree on the commit and on what every rank holds alike,
+        save (the shared state once, named by its content, and the rank's own), publish the
+        rank's part (rank 0: and the shared part), then rank 0, once every part is in, the
+        commit. Every rank takes part in every collective, whatever fails on the way: a rank
+        that fails (or dies: the collective then fails) leaves no commit, and the previous
+        restore point stays the newest."""
+        box = [CommitPlan.new(self.world).to_dict() if self.is_main else None]
+        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
+        assert isinstance(box[0], dict)
+        plan = CommitPlan.from_dict(box[0])
+        objects = snap.state["objects"]
+        digests = self._gather({name: state_digest(value) for name, value in objects.items()})
+        shared = {
+            name: digest
+            for name, digest in digests[0].items()
+            if digest is not None and all(d.get(name) == digest for d in digests)
+        }
+        checkpoints = self.directory.checkpoints
+        own: list[str] = [self.rank_file()]
+        common: list[str] = []
+        refs: tuple[PartRef | None, PartRef | None] = (None, None)
+        error = ""
+        try:
+            state = snap.state
+            if shared:
+                name = shared_file(shared)
+                state, common_state = split_shared(snap.state, sorted(shared), name)
+                self._save(snap, checkpoints / name, common_state, sidecar=False)
+                common = [name]
+            self._save(snap, checkpoints / self.rank_file(), state)
+            if shared:
+                remove_other_shared(checkpoints, common[0])
+            if self.store is not None:
+                refs = self._publish_parts(snap, plan, own, common)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+            log.warning("snapshot at step %d failed: %s", snap.position.step, error)
+        if self.store is None:
+            return
+        gathered = self._gather((refs, error))
+        step = snap.position.step
+        if not self.is_main:
+            if error:
+                self.event("upload_failed", step=step, error=error)
+            return
+        failed = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]
+        if failed:
+            self.uploads.append({"ok": False, "step": step, "error": "; ".join(failed)})
+            self.event("upload_failed", step=step, error="; ".join(failed))
+            return
+        parts = [ref for pair, _ in gathered for ref in pair if ref is not None]
+        self._publish_commit(snap, plan, parts)
+
+    def _publish_parts(
+        self, snap: Snapshot, plan: CommitPlan, own: list[str], common: list[str]
+    ) -> tuple[PartRef | None, PartRef | None]:
+        """This rank's part; on rank 0 also the shared part (the shared state and the
+        position), or the position in its own part when nothing is shared."""
+        head = self.head(snap.position)
+        mine, shared = own, None
+        if self.is_main:
+            if common:
+                shared = [*common, POSITION_FILE]
+            else:
+                mine = [*own, POSITION_FILE]
+
+        def part(include: list[str], rank: int | None) -> PartRef:
+            return publish_part(
+                self.directory.checkpoints,
+                self.store or "",
+                head,
+                plan,
+                rank=rank,
+                options=self.options,
+                include=include,
+                # With a prune after the commit, each rank reads its own part back, so that
+                # the prune need not read every rank's bytes on rank 0 (spec 25.5).
+                verify_it=self.keep_last is not None,
+            )
+
+        return part(mine, self.rank), part(shared, None) if shared else None
+
+    def _publish_commit(self, snap: Snapshot, plan: CommitPlan, parts: list[PartRef]) -> None:
+        started = time.perf_counter()
+        step = snap.position.step
+        try:
+            result = publish_commit(
+                self.store or "",
+                self.head(snap.position),
+                plan,
+                parts,
+                self.options,
+                keep_last=self.keep_last,
+                parts_verified=self.keep_last is not None and not self.options.encrypt_to,
+            )
+        except RestorePointError as exc:
+            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
+            self.event("upload_failed", step=step, error=exc.message)
+            return
+        seconds = time.perf_counter() - started
+        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
+        self.event("uploaded", step=step, seconds=round(seconds, 6), parts=len(parts))

@@ -1,0 +1,70 @@
+"""A ResumableRun's stop path: the one way a stop request ends a run (docs/adapters.md,
+"Snapshots and signals").
+
+A stop request (SIGTERM, ``$SUBMITIT_PREEMPT_SIGNAL`` or SIGUSR2, ``request_stop()``), acted on
+at an effective-batch boundary by every rank at the same step:
+
+1. the resubmit count goes up (the snapshot carries it, so the limit holds on any machine);
+2. the state at the stop is snapshotted, and the snapshot worker, at the process's priority,
+   saves and publishes it; the stop waits for it up to ``upload_timeout``;
+3. the run's status becomes ``preempted`` (``failed`` past ``max_resubmit_attempts``), and the
+   handlers that were installed before ours (submitit's requeue) run;
+4. the process exits 42, the resumable exit (1 past the resubmit limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, NoReturn
+
+from .contract import EXIT_RESUMABLE
+
+if TYPE_CHECKING:
+    from .run import ResumableRun
+
+__all__ = ["finish_uploads", "stop"]
+
+log = logging.getLogger("restorepoint.torch")
+
+
+def stop(run: ResumableRun) -> NoReturn:
+    """Snapshot, publish within ``upload_timeout``, record the stop, exit 42."""
+    signals = run.flags.take(run.flags.stop_signals)
+    limit = run.max_resubmit_attempts
+    run.worker.unthrottle()
+    # Counted before the snapshot: the restore point carries it, so that the limit holds
+    # on whichever machine resumes next.
+    run._resubmits += 1
+    run.snapshot()
+    # One upload_timeout for the whole stop: __exit__ waits only for what is left of it.
+    run._upload_deadline = time.monotonic() + run.upload_timeout
+    finished = run.wait(run.upload_timeout)
+    over = limit is not None and run._resubmits > limit
+    run._event(
+        "graceful_shutdown",
+        signal=run.flags.last_signal,
+        step=run.step,
+        upload_finished=finished,
+        resubmit_count=run._resubmits,
+    )
+    if over:
+        run._write_status("failed", error=f"resubmit limit {limit} reached")
+    else:
+        run._write_status("preempted")
+    run.flags.chain(signals)
+    run._barrier()
+    raise SystemExit(1 if over else EXIT_RESUMABLE)
+
+
+def finish_uploads(run: ResumableRun) -> None:
+    """At the end of the run: wait for the uploads in hand, within what is left of a stop's
+    ``upload_timeout`` (the whole of it otherwise), then end the worker."""
+    timeout = run.upload_timeout
+    if run._upload_deadline is not None:
+        timeout = max(0.0, run._upload_deadline - time.monotonic())
+    if not run.wait(timeout):
+        log.warning("an upload was still running after %.0f s; leaving it", run.upload_timeout)
+        run._event("upload_abandoned", step=run.step)
+        return
+    run.worker.finish(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -173,9 +174,39 @@ def run_command(
             keep_last=keep_last,
             keep_local=keep_local or None,
         )
-        raise typer.Exit(supervisor.run_trainer())
+        raise typer.Exit(_resumable_through_launcher(supervisor.run_trainer))
 
     run(False, body)
+
+
+def _resumable_through_launcher(run_trainer: Callable[[], int]) -> int:
+    """Run the trainer with a stop directory of its own (``$RESTOREPOINT_STOP_DIR``), and keep
+    the resumable exit through a launcher: torchrun exits 1 when a worker exits 42, so a
+    failure whose workers all ended by the stop contract (each left its marker) is exit 42
+    (docs/slurm.md, "torchrun")."""
+    import os
+    import tempfile
+
+    from ..runtime.contract import STOP_DIR_ENV, resumable_exit
+
+    previous = os.environ.get(STOP_DIR_ENV)
+    with tempfile.TemporaryDirectory(prefix="restorepoint-stop-") as stop_dir:
+        os.environ[STOP_DIR_ENV] = stop_dir
+        try:
+            code = run_trainer()
+        finally:
+            if previous is None:
+                os.environ.pop(STOP_DIR_ENV, None)
+            else:
+                os.environ[STOP_DIR_ENV] = previous
+        mapped = resumable_exit(code, Path(stop_dir))
+    if mapped != code:
+        logging.getLogger("restorepoint.preempt").info(
+            "the trainer's launcher exited %d, and every worker stopped by the contract: exit %d",
+            code,
+            mapped,
+        )
+    return mapped
 
 
 def _external_run(

@@ -54,6 +54,7 @@ from ..runtime.contract import (
     REFUSED_FILE,
     RESUME_DIR_ENV,
     RESUME_HEAD_ENV,
+    RESUME_URL_ENV,
     SIGNING_KEY_ENV,
     STORE_ENV,
     Ready,
@@ -233,6 +234,7 @@ class Supervisor:
         write_head_file(result.manifest, head)
         env[RESUME_DIR_ENV] = str(dest)
         env[RESUME_HEAD_ENV] = str(head)
+        env[RESUME_URL_ENV] = url
         if self.adapter is not None:
             command = self.adapter.resume_command(dest, result.manifest, command)
         return command

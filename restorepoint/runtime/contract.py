@@ -16,7 +16,9 @@ snapshot`` and the supervisor read and write these through this module and nowhe
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -37,23 +39,32 @@ __all__ = [
     "EXIT_INCOMPATIBLE",
     "EXIT_RESUMABLE",
     "IDENTITY_FILE",
+    "MAX_RESUBMITS_ENV",
     "POSITION_FILE",
     "READY_ENV",
     "REFUSED_FILE",
     "RESUME_DIR_ENV",
     "RESUME_HEAD_ENV",
+    "RESUME_URL_ENV",
     "SIGNING_KEY_ENV",
     "STATUS_FILE",
+    "STOP_DIR_ENV",
     "STORE_ENV",
     "TRAINER_FILE",
     "Ready",
     "RunDirectory",
+    "leave_stop_marker",
+    "max_resubmits_from_env",
     "now",
     "read_ready",
     "report_ready",
     "request_snapshot",
     "request_snapshot_of",
+    "resumable_exit",
+    "stopped_by_contract",
 ]
+
+log = logging.getLogger("restorepoint.torch")
 
 #: The documented exit code of a run that stopped on request and can be resumed (42).
 EXIT_RESUMABLE = 42
@@ -68,6 +79,15 @@ STORE_ENV = "RESTOREPOINT_STORE"
 RESUME_DIR_ENV = "RESTOREPOINT_RESUME_DIR"
 #: ... and its head, which a trainer that gates itself compares with its own local view.
 RESUME_HEAD_ENV = "RESTOREPOINT_RESUME_HEAD"
+#: ... and where it came from (the URL), which the trainer names in what it prints.
+RESUME_URL_ENV = "RESTOREPOINT_RESUME_URL"
+#: The resubmit limit the Slurm template enforces (``--max-resubmits``): a ResumableRun that
+#: is given no ``max_resubmit_attempts`` takes it, so that the template and the trainer bound
+#: the same count (each stop is one resubmit).
+MAX_RESUBMITS_ENV = "RESTOREPOINT_MAX_RESUBMITS"
+#: Where each process that ends by the stop contract (exit 42) leaves a marker, so that a
+#: launcher which turns a worker's 42 into its own 1 (torchrun) can be mapped back to 42.
+STOP_DIR_ENV = "RESTOREPOINT_STOP_DIR"
 #: The Ed25519 private key a supervised trainer signs its restore points with.
 SIGNING_KEY_ENV = "RESTOREPOINT_SIGNING_KEY"
 #: Written into the ready directory by a trainer whose resume the gate refused: the refused
@@ -81,6 +101,17 @@ TRAINER_FILE = "trainer.json"
 TRACKER_FILE = "tracker_run_id"
 CHECKPOINTS = "checkpoints"
 POSITION_FILE = "position.json"
+
+
+def max_resubmits_from_env() -> int | None:
+    """``$RESTOREPOINT_MAX_RESUBMITS`` as a limit, or None when unset (or not a count)."""
+    value = os.environ.get(MAX_RESUBMITS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        log.warning("%s=%r is not a count: ignored", MAX_RESUBMITS_ENV, value)
+        return None
+    return int(value)
 
 
 def now() -> str:
@@ -292,3 +323,51 @@ def request_snapshot_of(pid: int, signum: int = signal.SIGUSR1) -> int:
     except ProcessLookupError:
         raise NotFound(f"no process {pid}") from None
     return pid
+
+
+# -- the resumable exit through a launcher ------------------------------------------------------
+
+#: ``stopped-LOCAL_RANK-of-LOCAL_WORLD_SIZE.json``: one per process of a node that stopped by
+#: the contract. The Slurm template (restorepoint/slurm/template.py) reads the same names.
+_STOP_MARKER = re.compile(r"stopped-(\d{1,6})-of-(\d{1,6})\.json")
+
+
+def leave_stop_marker(doc: Mapping[str, Any]) -> Path | None:
+    """This process ends by the stop contract (exit 42): say so in ``$RESTOREPOINT_STOP_DIR``,
+    named after its local rank (torchrun's ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``; 0 of 1
+    without a launcher). Nothing without the variable."""
+    stop_dir = os.environ.get(STOP_DIR_ENV)
+    if not stop_dir:
+        return None
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    path = Path(stop_dir) / f"stopped-{local_rank}-of-{local_world}.json"
+    atomic_write(path, _json_line({**doc, "exit": EXIT_RESUMABLE, "pid": os.getpid()}))
+    return path
+
+
+def stopped_by_contract(stop_dir: Path) -> bool:
+    """Whether every process of a node left a stop marker in ``stop_dir``: local ranks 0 to
+    N-1 of one N, and nothing else. Only the names are read."""
+    try:
+        names = [p.name for p in stop_dir.iterdir()]
+    except OSError:
+        return False
+    markers = [name for name in names if name.startswith("stopped-")]
+    found = [m for m in map(_STOP_MARKER.fullmatch, markers) if m is not None]
+    if len(found) != len(markers):
+        return False
+    worlds = {int(m.group(2)) for m in found}
+    if len(worlds) != 1:
+        return False
+    (world,) = worlds
+    return {int(m.group(1)) for m in found} == set(range(world))
+
+
+def resumable_exit(code: int, stop_dir: Path) -> int:
+    """A launcher's exit code as the scheduler should see it: 42 where the launcher failed
+    (torchrun exits 1 when a worker exits 42) but every worker of this node ended by the stop
+    contract; ``code`` otherwise."""
+    if code not in (0, EXIT_RESUMABLE) and stopped_by_contract(stop_dir):
+        return EXIT_RESUMABLE
+    return code

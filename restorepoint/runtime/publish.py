@@ -82,11 +82,11 @@ class Publisher:
     def rank_file(self) -> str:
         return rank_file(self.rank, self.world)
 
-    def newest_url(self, step: int) -> str | None:
-        """The URL of the restore point published for ``step``, if this process saw it land."""
-        for upload in reversed(self.uploads):
+    def outcome(self, step: int) -> dict[str, Any] | None:
+        """The newest publish of the snapshot of ``step`` this process recorded, or None."""
+        for upload in self.uploads[::-1]:
             if upload.get("step") == step:
-                return str(upload["url"]) if upload.get("ok") else None
+                return upload
         return None
 
     # -- the worker's job ----------------------------------------------------------------------

@@ -34,11 +34,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import hashlib
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -66,14 +64,17 @@ from .contract import (
     REFUSED_FILE,
     RESUME_DIR_ENV,
     RESUME_HEAD_ENV,
+    RESUME_URL_ENV,
     SIGNING_KEY_ENV,
     STORE_ENV,
     RunDirectory,
+    max_resubmits_from_env,
     now,
     report_ready,
 )
 from .data import EpochSampler, effective_batches
 from .detect import TORCH_TERMS_SOURCE, torch_terms
+from .identity import RECOVERY_KEYS, operational_keys, run_id_for, snapshot_interval
 from .publish import Publisher, json_line, rank_file
 from .safe_load import safe_load
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
@@ -85,7 +86,6 @@ __all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
 
 log = logging.getLogger("restorepoint.torch")
 
-_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 #: What a refusal says to give, in the runtime's words.
 RUNTIME_HINTS = {
     "trainer": "give ResumableRun(trainer=...)",
@@ -94,29 +94,6 @@ RUNTIME_HINTS = {
     "cache_keys": "give ResumableRun(cache_keys=...)",
     "config": "give ResumableRun(config)",
 }
-
-
-def run_id_for(identity: str, seed: int, name: str | None = None) -> str:
-    """The deterministic run id: a readable name and 16 hex digits of (identity, seed)."""
-    digest = hashlib.sha256(f"{identity}:{seed}".encode()).hexdigest()[:16]
-    prefix = _NAME_CHARS.sub("-", name or "run").strip("-.")[:40] or "run"
-    if not prefix[0].isalnum():
-        prefix = "r" + prefix
-    return f"{prefix}-{digest}"
-
-
-def _every(config: Mapping[str, Any], every: int | str | None) -> int | None:
-    """``snapshot_every``: a number of steps, or the dotted config key that holds one."""
-    if isinstance(every, str):
-        node: Any = config
-        for part in every.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        every = node
-    if every is None or every == 0:
-        return None
-    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
-        raise UsageError(f"snapshot_every must be a non-negative integer, not {every!r}")
-    return every
 
 
 def _distributed() -> tuple[int, int]:
@@ -139,12 +116,14 @@ class ResumableRun:
         name: str | None = None,
         store: str | None = None,
         operational: Sequence[str] = (),
+        recovery_keys: Sequence[str] = RECOVERY_KEYS,
         seed: int | None = None,
         snapshot_every: int | str | None = None,
         snapshot_signal: int | str = signal.SIGUSR1,
         stop_signals: Sequence[int | str] | None = None,
         max_resubmit_attempts: int | None = None,
         keep_last: int | None = None,
+        final_snapshot: bool | None = None,
         upload_timeout: float = 300.0,
         background_threads: int = 1,
         background_nice: int | None = 19,
@@ -166,7 +145,7 @@ class ResumableRun:
         if not isinstance(config, Mapping):
             config = load_config(os.fspath(config))
         self.config: dict[str, Any] = check_json_data(dict(config))
-        self.operational = sorted(set(operational))
+        self.operational = operational_keys(operational, snapshot_every, recovery_keys)
         self.identity = config_identity(self.config, self.operational)
         self.seed = int(seed if seed is not None else self.config.get("seed", 0))
         self.run_id = run_id_for(self.identity, self.seed, name)
@@ -175,13 +154,17 @@ class ResumableRun:
         # A supervisor (restorepoint run) passes its store down; an explicit one wins.
         store = store if store is not None else os.environ.get(STORE_ENV) or None
         self.store = store if store is None or store.endswith("/") else store + "/"
-        self.snapshot_every = _every(self.config, snapshot_every)
+        self.snapshot_every = snapshot_interval(self.config, snapshot_every)
         self.flags = SignalFlags(
             signal_number(snapshot_signal),
             (signal_number(s) for s in (stop_signals or default_stop_signals())),
         )
-        self.max_resubmit_attempts = max_resubmit_attempts
+        self.max_resubmit_attempts = (
+            max_resubmit_attempts if max_resubmit_attempts is not None else max_resubmits_from_env()
+        )
         self.keep_last = keep_last
+        #: Snapshot (and publish) the state at completion: on by default with a store.
+        self.final_snapshot = self.store is not None if final_snapshot is None else final_snapshot
         self.upload_timeout = upload_timeout
         self.auto_resume = auto_resume
         self.accept_older = accept_older
@@ -205,6 +188,8 @@ class ResumableRun:
         self.resumed_from: Position | None = None
         self.last_pause_s: float | None = None
         self._start_epoch = 0
+        # The step of the newest snapshot taken or resumed from (None: none yet).
+        self._snapshot_step: int | None = None
         self._status = "running"
         self._resubmits = 0
         self._reports: list[Path] = []
@@ -321,13 +306,45 @@ class ResumableRun:
 
     def __enter__(self) -> ResumableRun:
         self.directory.create()
-        self._attach_identity()
-        self._resubmits = int(self.directory.status().get("resubmit_count", 0))
+        try:
+            self._attach_identity()
+        except RestorePointError as exc:
+            # A run directory of another config: one line and exit 3, under a supervisor or
+            # alone; nothing of the directory is touched.
+            self._report_refusal(exc)
+            raise SystemExit(exc.exit_code) from exc
+        previous = self.directory.status()
+        self._exit_if_completed(previous)
+        carried = previous.get("resubmit_count", 0)
+        self._resubmits = carried if isinstance(carried, int) and carried >= 0 else 0
         self._write_status("running")
         self.flags.install()
         self.worker.start()
         self._report_up()
         return self
+
+    def _exit_if_completed(self, previous: Mapping[str, Any]) -> None:
+        """A run whose status is ``completed`` is not trained again: every rank exits 0 at
+        once (rank 0 says so in one line), before anything is written or resumed."""
+        done = previous.get("status") == "completed"
+        if self._world > 1:
+            flag = torch.tensor([int(done)], dtype=torch.int64)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            done = bool(flag[0])
+        if not done:
+            return
+        if self.is_main:
+            step = previous.get("step")
+            print(
+                printable(
+                    f"restorepoint: run {self.run_id} already completed"
+                    + (f" at step {step}" if isinstance(step, int) else "")
+                    + f" ({self.run_dir}): nothing to train; exiting 0"
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+        raise SystemExit(0)
 
     def _report_up(self) -> None:
         """Handlers are installed: say so, to ``restorepoint snapshot`` (trainer.json in the run
@@ -367,6 +384,10 @@ class ResumableRun:
                 atomic_write(Path(ready) / REFUSED_FILE, json_line(doc))
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is None and self.final_snapshot and self.step not in (0, self._snapshot_step):
+            # The state at completion, published: a rerun elsewhere finds the run done, not
+            # its last periodic snapshot to train on from.
+            self.snapshot()
         self._report_down()
         try:
             self._finish_uploads()
@@ -419,7 +440,7 @@ class ResumableRun:
             f"config_identity: expected {self.identity}, found {other_identity}"
         ]
         raise IncompatibleRestorePoint(
-            f"refusing to attach: {self.run_dir} holds a run of another config "
+            "refusing to attach: this run directory holds a run of another config "
             f"({len(details)} difference(s))",
             url=str(self.run_dir),
             mismatches=[{"field": f"config.{d.path}"} for d in diffs],
@@ -495,7 +516,9 @@ class ResumableRun:
         Every checkpoint file is loaded weights-only: one that would run code is refused
         (UnsafeCheckpoint) before anything of it is built. Under ``restorepoint run`` a
         refusal ends the trainer with its exit code (3, or 1), which is not requeued."""
-        if not self.auto_resume:
+        if not self.auto_resume and not self._handed():
+            # auto_resume governs finding the newest; an import handed over (restorepoint run
+            # --resume-from) is applied whatever it says.
             return self.position
         try:
             path, source = self._newest_snapshot()
@@ -518,8 +541,8 @@ class ResumableRun:
             or state.get("identity") != self.identity
         ):
             raise IncompatibleRestorePoint(
-                f"refusing to resume from {path}: it is not a snapshot of this run",
-                url=str(path),
+                f"refusing to resume from {self._display(path)}: it is not a snapshot of this run",
+                url=self._display(path),
             )
         for name, obj in self.objects.items():
             if name not in state["objects"]:
@@ -529,6 +552,7 @@ class ResumableRun:
         pos = state["position"]
         self.step, self.epoch, self.batch = pos["step"], pos["epoch"], pos["batch"]
         self._start_epoch = self.epoch
+        self._snapshot_step = self.step
         self.resumed_from = self.position
         # The resubmit count travels with the snapshot: max_resubmit_attempts holds across
         # machines (a fresh run directory elsewhere starts from the restore point's count).
@@ -546,21 +570,37 @@ class ResumableRun:
             )
         return self.position
 
+    def _handed(self) -> Path | None:
+        """The payload of a restore point a supervisor imported for this run, if any."""
+        handed = os.environ.get(RESUME_DIR_ENV)
+        if handed and (Path(handed) / self._rank_file()).exists():
+            return Path(handed)
+        return None
+
+    def _display(self, path: Path) -> str:
+        """What a message calls ``path``: a supervisor's import by its URL (the supervisor's
+        private directory means nothing to the user), anything else by its path."""
+        handed, url = self._handed(), os.environ.get(RESUME_URL_ENV)
+        if url and handed is not None and path.is_relative_to(handed):
+            return url
+        return str(path)
+
     def _gate_handed(self, handed: Path) -> None:
         """A supervisor's import, gated here: the supervisor compared what it knows; this run
         knows the rest (its trainer, config, cache keys) and compares everything again."""
         head_file = os.environ.get(RESUME_HEAD_ENV) or str(handed) + ".head.json"
         head = read_head_file(head_file)
-        result = decide(str(handed), head, [self._view], strict=True, hints=RUNTIME_HINTS)
+        url = self._display(handed)
+        result = decide(url, head, [self._view], strict=True, hints=RUNTIME_HINTS)
         if not result.compatible:
             raise refuse(result)
 
     def _newest_snapshot(self) -> tuple[Path | None, str]:
-        handed = os.environ.get(RESUME_DIR_ENV)
-        if handed and (Path(handed) / self._rank_file()).exists():
+        handed = self._handed()
+        if handed is not None:
             # A supervisor imported a restore point for us (restorepoint run --resume-from).
-            self._gate_handed(Path(handed))
-            return Path(handed) / self._rank_file(), "supervisor import"
+            self._gate_handed(handed)
+            return handed / self._rank_file(), "supervisor import"
         local = self.directory.checkpoints / self._rank_file()
         local_step = self._local_step(local)
         steps: list[Any] = [local_step]
@@ -757,6 +797,7 @@ class ResumableRun:
         # The pause is the copy (with a process group, and the wait for the last snapshot).
         pause = time.perf_counter() - started
         self.last_pause_s = pause
+        self._snapshot_step = self.step
         if wait:
             self.wait()
         self._event("snapshot", step=self.step, pause_s=round(pause, 6))

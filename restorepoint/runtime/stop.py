@@ -9,21 +9,29 @@ at an effective-batch boundary by every rank at the same step:
    saves and publishes it; the stop waits for it up to ``upload_timeout``;
 3. the run's status becomes ``preempted`` (``failed`` past ``max_resubmit_attempts``), and the
    handlers that were installed before ours (submitit's requeue) run;
-4. the process exits 42, the resumable exit (1 past the resubmit limit).
+4. rank 0 says so on stderr, in one line (where the restore point went, or that the store's
+   previous one stays the newest; without a store, where the snapshot lies), each process
+   leaves its stop marker (``contract.leave_stop_marker``: torchrun turns a worker's 42 into
+   its own 1, and the marker lets ``restorepoint run`` and the Slurm template map it back);
+5. the process exits 42, the resumable exit (1 past the resubmit limit).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import time
 from typing import TYPE_CHECKING, NoReturn
 
-from .contract import EXIT_RESUMABLE
+from .._text import printable
+from .contract import EXIT_RESUMABLE, leave_stop_marker
+from .signals import signal_name
 
 if TYPE_CHECKING:
     from .run import ResumableRun
 
-__all__ = ["finish_uploads", "stop"]
+__all__ = ["finish_uploads", "stop", "stop_line"]
 
 log = logging.getLogger("restorepoint.torch")
 
@@ -31,6 +39,7 @@ log = logging.getLogger("restorepoint.torch")
 def stop(run: ResumableRun) -> NoReturn:
     """Snapshot, publish within ``upload_timeout``, record the stop, exit 42."""
     signals = run.flags.take(run.flags.stop_signals)
+    why = signal_name(signals[-1]) if signals else "requested"
     limit = run.max_resubmit_attempts
     run.worker.unthrottle()
     # Counted before the snapshot: the restore point carries it, so that the limit holds
@@ -52,9 +61,39 @@ def stop(run: ResumableRun) -> NoReturn:
         run._write_status("failed", error=f"resubmit limit {limit} reached")
     else:
         run._write_status("preempted")
+    code = 1 if over else EXIT_RESUMABLE
+    if run.is_main:
+        upload = run.publisher.outcome(run.step) if finished else None
+        line = stop_line(run, why, finished, upload, f"resubmit limit {limit} reached" * over)
+        print(line, file=sys.stderr, flush=True)
+    if not over:
+        with contextlib.suppress(OSError, ValueError):
+            leave_stop_marker({"rank": run._rank, "run": run.run_id, "step": run.step})
     run.flags.chain(signals)
     run._barrier()
-    raise SystemExit(1 if over else EXIT_RESUMABLE)
+    raise SystemExit(code)
+
+
+def stop_line(
+    run: ResumableRun, why: str, finished: bool, upload: dict[str, object] | None, over: str
+) -> str:
+    """The one line a stop prints: what was asked, at which step, where the state at the stop
+    went, and the exit code."""
+    head = f"restorepoint: stop ({why}) at step {run.step}: "
+    if run.store is None:
+        where = f"snapshot saved in {run.directory.checkpoints} (no store)"
+    elif upload is not None and upload.get("ok"):
+        where = f"restore point published to {upload.get('url')}"
+    elif not finished:
+        where = (
+            f"the restore point did not land within upload_timeout ({run.upload_timeout:g} s): "
+            "the store's previous restore point stays the newest"
+        )
+    else:
+        error = str(upload.get("error")) if upload is not None else "no publish recorded"
+        where = f"the publish failed ({error}): the store's previous restore point stays the newest"
+    tail = f"; {over}: exiting 1 (not resumable)" if over else "; exiting 42 (resumable)"
+    return printable(head + where + tail)
 
 
 def finish_uploads(run: ResumableRun) -> None:

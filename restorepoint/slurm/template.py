@@ -24,10 +24,35 @@ _TEMPLATE = """\
 #   snapshots, publishes its restore point and exits {resumable};
 # - on exit {resumable} a job still running requeues itself, at most {max_resubmits} times
 #   (reaching the time limit never requeues by itself); on requeue SLURM_RESTART_COUNT is 1, 2, ...
+#   A ResumableRun takes the same bound from RESTOREPOINT_MAX_RESUBMITS: one count, one limit;
+# - every process that stops by the contract leaves a marker in RESTOREPOINT_STOP_DIR: a step
+#   that failed (torchrun exits 1 when a worker exits {resumable}) while every process of the
+#   node stopped by the contract is taken as exit {resumable}.
 set -u
 max_resubmits={max_resubmits}
 restarts="${{SLURM_RESTART_COUNT:-0}}"
 export RESTOREPOINT_MAX_RESUBMITS="$max_resubmits"
+stop_dir="${{RESTOREPOINT_STOP_DIR:-${{TMPDIR:-/tmp}}/restorepoint-stop-$SLURM_JOB_ID}}"
+export RESTOREPOINT_STOP_DIR="$stop_dir"
+mkdir -p "$stop_dir"
+rm -f "$stop_dir"/stopped-*-of-*.json
+# Every process of this node left its marker: local ranks 0 to N-1 of one N (contract.py).
+stopped_by_contract() {{
+    local world="" n=0 f name rank w
+    for f in "$stop_dir"/stopped-*-of-*.json; do
+        [ -e "$f" ] || return 1
+        name="${{f##*/}}"
+        rank="${{name#stopped-}}"
+        rank="${{rank%%-of-*}}"
+        w="${{name##*-of-}}"
+        w="${{w%.json}}"
+        case "$rank$w" in *[!0-9]*) return 1 ;; esac
+        [ -n "$world" ] || world="$w"
+        [ "$w" = "$world" ] && [ "$rank" -lt "$world" ] || return 1
+        n=$((n + 1))
+    done
+    [ -n "$world" ] && [ "$n" -eq "$world" ]
+}}
 trap '' TERM
 child=""
 forward() {{
@@ -48,6 +73,11 @@ done
 wait "$child"
 code=$?
 echo "restorepoint: step exited $code" >&2
+if [ "$code" -ne 0 ] && [ "$code" -ne {resumable} ] && stopped_by_contract; then
+    echo "restorepoint: every process stopped by the contract: exit {resumable}" >&2
+    code={resumable}
+fi
+rm -f "$stop_dir"/stopped-*-of-*.json
 if [ "$code" -eq {resumable} ]; then
     # Requeue only a job that is still running. scancel, scontrol requeue and the end of a
     # preemption's GraceTime TERM the step too, and the trainer answers TERM with 42: the job

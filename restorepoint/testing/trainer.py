@@ -2,6 +2,7 @@
 
     python -m restorepoint.testing.trainer --root RUNS --out FINAL.pt [--store URL] [--epochs N]
         [--lr LR] [--data DIR] [--cache-root P] [--marker FILE] [--accept-older] [--keep-last N]
+        [--no-auto-resume]
 
 It trains an MLP with dropout, Adam, a step scheduler and gradient accumulation over a shuffled
 synthetic data set, on the CPU, deterministically (one thread). It prints ``step N`` after every
@@ -68,6 +69,7 @@ def train(  # noqa: PLR0913 - the test trainer's knobs, each a keyword the tests
     marker: Path | None = None,
     accept_older: bool = False,
     keep_last: int | None = None,
+    auto_resume: bool = True,
 ) -> int:
     """Run (or resume) training to the end; returns the number of steps trained here."""
     config = json.loads(json.dumps(config or CONFIG))
@@ -89,6 +91,7 @@ def train(  # noqa: PLR0913 - the test trainer's knobs, each a keyword the tests
         cache_root=cache_root,
         accept_older=accept_older,
         keep_last=keep_last,
+        auto_resume=auto_resume,
     ) as run:
         torch.manual_seed(run.seed)
         m = config["model"]
@@ -140,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marker", type=Path, help="written when training starts")
     parser.add_argument("--accept-older", action="store_true", help="see ResumableRun")
     parser.add_argument("--keep-last", type=int, help="prune the run after each publish")
+    parser.add_argument(
+        "--no-auto-resume", action="store_true", help="ResumableRun(auto_resume=False)"
+    )
     args = parser.parse_args(argv)
     train(
         args.root,
@@ -154,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         marker=args.marker,
         accept_older=args.accept_older,
         keep_last=args.keep_last,
+        auto_resume=not args.no_auto_resume,
     )
     return 0
 

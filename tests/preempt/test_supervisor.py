@@ -269,9 +269,10 @@ def test_rebalance_publishes_and_training_goes_on(
     run_dir = root / RUN_ID
     assert status(run_dir) == "completed"
     assert events(run_dir, "graceful_shutdown") == []
-    (entry,) = list_store(store_url(store), run=RUN_ID)
-    assert 0 < entry.step < 2 * STEPS
-    assert [e["step"] for e in events(run_dir, "uploaded")] == [entry.step]
+    # The rebalance's snapshot, taken while training went on, then the state at completion.
+    final, entry = list_store(store_url(store), run=RUN_ID)
+    assert 0 < entry.step < final.step == 2 * STEPS
+    assert [e["step"] for e in events(run_dir, "uploaded")] == [entry.step, 2 * STEPS]
     assert run.lines("notice (rebalance recommendation): snapshot requested")
     assert (tmp_path / "final.pt").is_file()
 
@@ -386,8 +387,9 @@ def test_snapshot_notice_before_the_trainer_is_up_sends_nothing(
     # and trained to the end; the notice is not acted on later either.
     assert run.wait() == 0, run.stderr
     assert status(root / RUN_ID) == "completed"
-    assert events(root / RUN_ID, "snapshot") == []
-    assert list_store(store_url(store), run=RUN_ID) == []
+    # The one snapshot is the state at completion: none was taken for the notice.
+    assert [e["step"] for e in events(root / RUN_ID, "snapshot")] == [STEPS]
+    assert [e.step for e in list_store(store_url(store), run=RUN_ID)] == [STEPS]
     (line,) = run.lines("no trainer has reported itself up")
     assert "rebalance recommendation" in line and "nothing to snapshot" in line
 
@@ -559,7 +561,11 @@ def test_telemetry_holds_counts_and_no_url_path_or_credential(
     up(tmp_path / "runs-b" / RUN_ID)
     aws.arm_rebalance()
     assert second.wait() == 0, second.stderr
-    assert len(list_store(store, run=RUN_ID, storage_options=s3_server.storage_options())) == 2
+    # The stop's restore point, the rebalance's, and the state at completion.
+    steps = [
+        e.step for e in list_store(store, run=RUN_ID, storage_options=s3_server.storage_options())
+    ]
+    assert len(steps) == 3 and steps[0] == (EPOCHS + 3) * 32 > steps[1] > steps[2] == entry.step
 
     text = tele.read_text()
     for needle in (secret, key_id, s3_bucket, "s3", str(tmp_path), s3_server.endpoint, aws.url,

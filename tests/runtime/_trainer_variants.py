@@ -104,6 +104,8 @@ class Outcome:
     draws: list[tuple[float, float, float]] = field(default_factory=list)
     epoch_draws: list[float] = field(default_factory=list)
     state: dict[str, Any] | None = None
+    #: What ended the run with its exit code, when an error did (a refusal: exit 3).
+    error: BaseException | None = None
 
 
 #: before_commit(run, step_about_to_be_committed) runs after the optimizer step.
@@ -192,6 +194,7 @@ def train(
             out.state = copy.deepcopy({k: v.state_dict() for k, v in objects.items()})
     except SystemExit as exc:
         out.code = int(exc.code) if isinstance(exc.code, int) else 1
+        out.error = exc.__cause__
     return out
 
 
@@ -225,12 +228,13 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
 
 def ddp_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world", type=int, required=True)
+    # Under torchrun: RANK and WORLD_SIZE, and an env:// rendezvous (no --init).
+    parser.add_argument("--rank", type=int, default=int(os.environ.get("RANK", "0")))
+    parser.add_argument("--world", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
     parser.add_argument("--init", help="file:// rendezvous of the process group")
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--store")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", required=True, help="the final state; {rank} is the rank")
     parser.add_argument("--stop-at", type=int, help="rank 0 requests a stop before this commit")
     parser.add_argument("--snapshot-every", type=int)
     parser.add_argument("--pack-delay", type=float, help="seconds each pack waits first")
@@ -242,7 +246,9 @@ def ddp_main(argv: list[str]) -> int:
         "--kill-in-upload", type=int, help="this rank is SIGKILLed while its part uploads"
     )
     parser.add_argument("--ddp-option", action="append", default=[], help="NAME=true|false")
+    parser.add_argument("--step-delay", type=float, default=0.0, help="seconds per step")
     args = parser.parse_args(argv)
+    args.out = Path(args.out.format(rank=args.rank))
     if args.root_per_rank:
         args.root = args.root / f"node{args.rank}"
     if args.kill_in_upload == args.rank:
@@ -320,6 +326,8 @@ def ddp_main(argv: list[str]) -> int:
                         run.request_stop()
                     if args.sigterm_at == run.step + 1:
                         os.kill(os.getpid(), signal.SIGTERM)
+                    if args.step_delay:
+                        time.sleep(args.step_delay)
                     run.commit()
                     print(f"step {run.step}", flush=True)
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.out)

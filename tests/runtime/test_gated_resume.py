@@ -242,6 +242,51 @@ def test_run_resume_from_another_config_is_refused_by_the_trainer_with_exit_3(
     assert not (tmp_path / "started").exists()
     (refusal,) = refusals(tmp_path)
     assert refusal["fields"] == "config.optimizer.lr"
+    # The refusal names the restore point by its URL, not the supervisor's private import.
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("restorepoint: error:")]
+    assert rp.url in line and "restorepoint-ready-" not in proc.stderr
+
+
+def test_run_resume_from_is_applied_whatever_auto_resume_says(
+    tmp_path: Path, legit: tuple[Path, restorepoint.Position], reference: dict[str, Any]
+) -> None:
+    """auto_resume=False governs finding the newest; an import handed over is applied."""
+    checkpoints, at = legit
+    rp = pack_demo(checkpoints, str(tmp_path / "rp.rp"), position=at)
+    proc = supervise(tmp_path, "--resume-from", rp.url, trainer_args=("--no-auto-resume",))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "started").read_text() == f"training from step {at.step}\n"
+    run_dir = tmp_path / "runs" / RUN
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    (resumed,) = [e for e in events if e["event"] == "resumed"]
+    assert (resumed["step"], resumed["source"]) == (at.step, "supervisor import")
+    status = json.loads((run_dir / "run_status.json").read_text())
+    # The snapshot's resubmit count came with it (the demo's snapshot was preempted once).
+    assert status["status"] == "completed" and status["resubmit_count"] >= 1
+    assert same_state(dict(torch.load(tmp_path / "final.pt", weights_only=True)), reference)
+
+
+def test_a_run_directory_of_another_config_is_exit_3_with_one_line(tmp_path: Path) -> None:
+    """A run directory that holds another config's run (here: another learning rate's,
+    planted under this run's id), under restorepoint run and alone: exit 3, the refusal and
+    its differences on stderr, no traceback, the directory untouched."""
+    other = tmp_path / "other"
+    done = run_trainer(other, "--lr", "0.02")
+    assert done.returncode == 0, done.stderr
+    (planted,) = (other / "runs").iterdir()
+    target = tmp_path / "runs" / RUN
+    target.parent.mkdir()
+    planted.rename(target)
+    before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    for proc in (supervise(tmp_path), run_trainer(tmp_path)):
+        assert proc.returncode == 3, proc.stderr
+        assert "Traceback" not in proc.stderr
+        lines = proc.stderr.splitlines()
+        errors = [ln for ln in lines if ln.startswith("restorepoint: error:")]
+        assert len(errors) == 1 and "refusing to attach" in errors[0], proc.stderr
+        assert "optimizer.lr: expected 0.01, found 0.02" in proc.stderr
+        assert not (tmp_path / "started").exists()
+        assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
 
 
 def test_run_resume_from_a_matching_restore_point_resumes_bitwise_equal(

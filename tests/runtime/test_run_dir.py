@@ -21,6 +21,7 @@ from restorepoint.errors import IncompatibleRestorePoint  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
 from restorepoint.runtime import contract as run_contract  # noqa: E402
 from restorepoint.runtime import publish as runtime_publish  # noqa: E402
+from restorepoint.runtime.identity import RECOVERY_KEYS  # noqa: E402
 from restorepoint.torch import ResumableRun, run_id_for  # noqa: E402
 
 from . import _trainer_variants as tv  # noqa: E402
@@ -80,6 +81,24 @@ def test_run_id_changes_with_identity_seed_and_name(change: dict[str, Any]) -> N
     assert make(**change).run_id != base.run_id
 
 
+def test_the_interval_key_and_the_recovery_knobs_are_operational_by_themselves() -> None:
+    """The key snapshot_every names, and every recovery knob, are operational without being
+    declared: changing them never moves the run id. recovery_keys=() puts the knobs back into
+    the identity."""
+    base = make(operational=["epochs"], snapshot_every="train.snapshot_every")
+    assert base.operational == sorted({"epochs", "train.snapshot_every", *RECOVERY_KEYS})
+    interval = tv.config_with(**{"train.snapshot_every": 9})
+    assert (
+        make(interval, operational=["epochs"], snapshot_every="train.snapshot_every").run_id
+        == base.run_id
+    )
+    alone = make(operational=["epochs"])
+    for key in RECOVERY_KEYS:
+        knob = tv.config_with(**{key: 5})
+        assert make(knob, operational=["epochs"]).run_id == alone.run_id, key
+        assert make(knob, operational=["epochs"], recovery_keys=()).run_id != alone.run_id, key
+
+
 def test_run_id_names_are_valid_store_names() -> None:
     identity = make().identity
     for name in (None, "my exp/1", "_hidden", "..", "x" * 200, "ünïcode", "a.b-c_d"):
@@ -93,7 +112,9 @@ def test_run_id_names_are_valid_store_names() -> None:
 # -- the identity record -------------------------------------------------------------------
 
 
-def test_run_dir_of_another_config_is_refused_naming_the_keys(tmp_path: Path) -> None:
+def test_run_dir_of_another_config_is_refused_naming_the_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = tmp_path / "shared-dir"
     first = tv.train(tmp_path, run_dir=run_dir, stop_at=2)
     assert first.code == 42
@@ -102,14 +123,21 @@ def test_run_dir_of_another_config_is_refused_naming_the_keys(tmp_path: Path) ->
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
 
     other = tv.config_with(**{"optimizer.lr": 0.5, "model.hidden": 8})
-    with pytest.raises(IncompatibleRestorePoint) as info:
-        tv.train(tmp_path, config=other, run_dir=run_dir)
-    err = info.value
-    assert err.exit_code == 3
+    capsys.readouterr()
+    refused = tv.train(tmp_path, config=other, run_dir=run_dir)
+    # Alone (no supervisor): exit 3 and the refusal on stderr, not a traceback.
+    assert refused.code == 3
+    err = refused.error
+    assert isinstance(err, IncompatibleRestorePoint) and err.exit_code == 3
     assert [m["field"] for m in err.mismatches] == ["config.model.hidden", "config.optimizer.lr"]
     assert len(err.details) == 2
     assert "model.hidden" in err.details[0] and "optimizer.lr" in err.details[1]
     assert "2 difference(s)" in str(err)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"restorepoint: error: {run_dir}: {err.message}"
+    assert "refusing to attach: this run directory holds a run of another config" in lines[0]
+    assert "2 difference(s)" in lines[0]
+    assert [ln.split(":")[1].strip() for ln in lines[1:]] == ["model.hidden", "optimizer.lr"]
     # Refused before anything was written.
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
 
@@ -143,7 +171,7 @@ def test_older_run_dir_with_the_same_config_is_adopted(tmp_path: Path) -> None:
     assert record == {
         "config": tv.CONFIG,
         "config_identity": second.run.identity,
-        "operational_keys": sorted(tv.OPERATIONAL),
+        "operational_keys": sorted({*tv.OPERATIONAL, *RECOVERY_KEYS}),
         "run": second.run.run_id,
         "seed": tv.CONFIG["seed"],
     }
@@ -158,9 +186,9 @@ def test_older_run_dir_of_another_config_is_refused(tmp_path: Path) -> None:
     assert planted.run is not None
     target = make(root=tmp_path / "runs").run_dir
     shutil.copytree(planted.run.run_dir / "checkpoints", target / "checkpoints")
-    with pytest.raises(IncompatibleRestorePoint) as info:
-        tv.train(tmp_path / "runs")
-    assert [m["field"] for m in info.value.mismatches] == ["config.optimizer.lr"]
+    refused = tv.train(tmp_path / "runs")
+    assert refused.code == 3 and isinstance(refused.error, IncompatibleRestorePoint)
+    assert [m["field"] for m in refused.error.mismatches] == ["config.optimizer.lr"]
     assert not (target / "config_identity.json").exists()
 
 
@@ -168,8 +196,8 @@ def test_older_checkpoint_without_a_config_is_refused(tmp_path: Path) -> None:
     target = make(root=tmp_path).run_dir
     (target / "checkpoints").mkdir(parents=True)
     torch.save({"model": {"w": torch.zeros(2)}}, target / "checkpoints" / "last.pt")
-    with pytest.raises(IncompatibleRestorePoint, match="another config"):
-        tv.train(tmp_path)
+    refused = tv.train(tmp_path)
+    assert refused.code == 3 and "another config" in str(refused.error)
     assert not (target / "config_identity.json").exists()
 
 

@@ -533,15 +533,16 @@ def check_failed_uploads(out: tv.Outcome, error_class: str) -> None:
     run_dir = out.run.run_dir
     failed = [e["step"] for e in kinds(run_dir, "upload_failed")]
     # A snapshot still waiting while the previous one uploads is replaced by the newer one, so
-    # some may never be tried; the last one always is.
-    assert failed == sorted(set(failed)) and set(failed) <= {5, 10, 15} and failed[-1] == 15
+    # some may never be tried; the last one (the state at completion, step 18) always is.
+    assert failed == sorted(set(failed)) and set(failed) <= {5, 10, 15, TOTAL}
+    assert failed[-1] == TOTAL
     assert {e["error_class"] for e in kinds(run_dir, "upload_failed")} == {error_class}
     assert kinds(run_dir, "uploaded") == []
     assert [(u["ok"], u["step"]) for u in out.run.uploads] == [(False, s) for s in failed]
     assert (run_dir / "checkpoints" / "last.pt").exists()
     assert status(run_dir)["status"] == "completed"
     pauses = [e["pause_s"] for e in kinds(run_dir, "snapshot")]
-    assert len(pauses) == 3
+    assert len(pauses) == 4  # three periodic snapshots and the final one
     assert isinstance(out.run.last_pause_s, float)
     assert round(out.run.last_pause_s, 6) == pauses[-1]
 

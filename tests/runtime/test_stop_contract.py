@@ -1,0 +1,213 @@
+"""The runtime's part of the stop contract, seen from outside: a stop says what it did in one
+stderr line (where the restore point went, or that the previous one stays the newest, or where
+the local snapshot lies), leaves its stop marker, and exits 42; a completed run is not trained
+again; the state at completion is published; the resubmit limit the Slurm template exports is
+the trainer's; the marker rule that maps a launcher's failure back to 42."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
+
+from restorepoint.ops import list_store  # noqa: E402
+from restorepoint.runtime.contract import (  # noqa: E402
+    MAX_RESUBMITS_ENV,
+    STOP_DIR_ENV,
+    resumable_exit,
+    stopped_by_contract,
+)
+from restorepoint.torch import ResumableRun  # noqa: E402
+
+from . import _trainer_variants as tv  # noqa: E402
+
+TOTAL = tv.total_steps()
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("SUBMITIT_PREEMPT_SIGNAL", STOP_DIR_ENV, MAX_RESUBMITS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+    torch.set_num_threads(threads)
+
+
+def stop_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("restorepoint: stop (")]
+
+
+def status(run: ResumableRun | None) -> dict[str, Any]:
+    assert run is not None
+    return dict(json.loads((run.run_dir / "run_status.json").read_text()))
+
+
+def test_a_stop_says_where_its_restore_point_went_and_leaves_its_marker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A store path with an escape sequence in it: printed escaped, never raw.
+    store = str(tmp_path / "st\x1b[2Jore") + "/"
+    stop_dir = tmp_path / "stopped"
+    stop_dir.mkdir()
+    monkeypatch.setenv(STOP_DIR_ENV, str(stop_dir))
+    out = tv.train(tmp_path / "runs", store=store, stop_at=3, stop_how="signal")
+    assert out.code == 42
+    (entry,) = list_store(store)
+    assert entry.step == 3
+    (line,) = stop_lines(capsys.readouterr().err)
+    shown = entry.url.replace("\x1b", "\\x1b")
+    assert line == (
+        f"restorepoint: stop (SIGTERM) at step 3: restore point published to {shown}; "
+        "exiting 42 (resumable)"
+    )
+    assert "\x1b" not in line
+    (marker,) = stop_dir.iterdir()
+    assert marker.name == "stopped-0-of-1.json"
+    doc = json.loads(marker.read_text())
+    assert out.run is not None
+    assert (doc["exit"], doc["step"], doc["rank"], doc["run"]) == (42, 3, 0, out.run.run_id)
+    assert stopped_by_contract(stop_dir)
+
+
+def test_without_a_store_the_stop_says_where_the_snapshot_lies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tv.train(tmp_path / "runs", stop_at=2)
+    assert out.code == 42 and out.run is not None
+    (line,) = stop_lines(capsys.readouterr().err)
+    checkpoints = out.run.run_dir / "checkpoints"
+    assert line == (
+        f"restorepoint: stop (requested) at step 2: snapshot saved in {checkpoints} "
+        "(no store); exiting 42 (resumable)"
+    )
+    assert (checkpoints / "last.pt").is_file()
+
+
+def test_a_publish_that_cannot_land_in_time_keeps_the_previous_restore_point(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from restorepoint.runtime import publish as runtime_publish
+
+    store = f"{tmp_path / 'store'}/"
+    config = tv.config_with(**{"train.snapshot_every": 2})
+    release = threading.Event()
+    real_publish = runtime_publish.publish
+
+    def stuck_after_the_first(*args: Any, **kwargs: Any) -> Any:
+        if list_store(store):
+            release.wait(60)
+        return real_publish(*args, **kwargs)
+
+    monkeypatch.setattr(runtime_publish, "publish", stuck_after_the_first)
+    try:
+        out = tv.train(tmp_path / "runs", config=config, store=store, stop_at=3, upload_timeout=0.5)
+    finally:
+        release.set()
+    assert out.code == 42
+    (line,) = stop_lines(capsys.readouterr().err)
+    assert line == (
+        "restorepoint: stop (requested) at step 3: the restore point did not land within "
+        "upload_timeout (0.5 s): the store's previous restore point stays the newest; "
+        "exiting 42 (resumable)"
+    )
+    assert [e.step for e in list_store(store)] == [2]
+
+
+def test_past_the_resubmit_limit_the_line_says_exit_1_and_no_marker_is_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit the Slurm template exports is the trainer's: one count, one bound."""
+    stop_dir = tmp_path / "stopped"
+    stop_dir.mkdir()
+    monkeypatch.setenv(STOP_DIR_ENV, str(stop_dir))
+    monkeypatch.setenv(MAX_RESUBMITS_ENV, "1")
+    first = tv.train(tmp_path, stop_at=2)
+    assert first.code == 42 and first.run is not None
+    assert first.run.max_resubmit_attempts == 1
+    (marker,) = stop_dir.iterdir()
+    marker.unlink()
+    second = tv.train(tmp_path, stop_at=4)
+    assert second.code == 1
+    assert (status(second.run)["status"], status(second.run)["resubmit_count"]) == ("failed", 2)
+    lines = stop_lines(capsys.readouterr().err)
+    assert lines[1].endswith("; resubmit limit 1 reached: exiting 1 (not resumable)")
+    assert list(stop_dir.iterdir()) == []
+    # Given to the run, the limit wins over the environment.
+    assert (
+        ResumableRun(tv.CONFIG, root=tmp_path / "x", max_resubmit_attempts=5).max_resubmit_attempts
+        == 5
+    )
+    monkeypatch.setenv(MAX_RESUBMITS_ENV, "many")
+    assert ResumableRun(tv.CONFIG, root=tmp_path / "x").max_resubmit_attempts is None
+
+
+def test_a_completed_run_is_not_trained_again_and_its_final_state_is_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = f"{tmp_path / 'store'}/"
+    config = tv.config_with(**{"train.snapshot_every": 4})
+    done = tv.train(tmp_path / "runs", config=config, store=store)
+    assert done.code == 0 and done.run is not None
+    # The periodic snapshots and the state at completion (a final snapshot: on with a store).
+    assert max(e.step for e in list_store(store)) == TOTAL
+    run_dir = done.run.run_dir
+    events_before = tv.events(run_dir)
+    capsys.readouterr()
+
+    again = tv.train(tmp_path / "runs", config=config, store=store)
+    assert again.code == 0
+    assert again.seen == [] and again.position is None  # never got as far as resume()
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"restorepoint: run {done.run.run_id} already completed at step {TOTAL} ({run_dir}): "
+        "nothing to train; exiting 0"
+    ]
+    assert tv.events(run_dir) == events_before
+    assert status(done.run)["status"] == "completed"
+
+    # Another machine (a fresh run directory, the same store) resumes at the end: nothing is
+    # trained again, and nothing is published again.
+    published = sorted(e.name for e in list_store(store))
+    elsewhere = tv.train(tmp_path / "machine-b", config=config, store=store)
+    assert elsewhere.code == 0 and elsewhere.seen == []
+    assert elsewhere.position is not None and elsewhere.position.step == TOTAL
+    assert sorted(e.name for e in list_store(store)) == published
+    tv.assert_same_state(elsewhere.state, done.state)
+
+    # final_snapshot=False: only the periodic ones.
+    off = tv.train(
+        tmp_path / "c", config=config, store=f"{tmp_path / 'store-c'}/", final_snapshot=False
+    )
+    assert off.code == 0
+    # (A periodic snapshot still waiting when the next comes is replaced by it.)
+    steps = {e.step for e in list_store(f"{tmp_path / 'store-c'}/")}
+    assert steps <= {4, 8, 12, 16} and max(steps) == 16
+
+
+def test_the_marker_rule(tmp_path: Path) -> None:
+    """Every local rank 0..N-1 of one N, and nothing else: a failed launcher is then 42."""
+    d = tmp_path / "stop"
+    d.mkdir()
+    assert not stopped_by_contract(d) and resumable_exit(1, d) == 1
+    (d / "stopped-0-of-2.json").write_text("{}")
+    assert not stopped_by_contract(d) and resumable_exit(1, d) == 1
+    (d / "stopped-1-of-2.json").write_text("{}")
+    assert stopped_by_contract(d)
+    assert [resumable_exit(c, d) for c in (0, 1, 42, 143)] == [0, 42, 42, 42]
+    (d / "stopped-x-of-2.json").write_text("{}")
+    assert not stopped_by_contract(d)
+    (d / "stopped-x-of-2.json").unlink()
+    (d / "stopped-2-of-3.json").write_text("{}")
+    assert not stopped_by_contract(d)
+    assert not stopped_by_contract(tmp_path / "missing")

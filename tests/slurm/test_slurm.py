@@ -402,6 +402,63 @@ def _warning_then_preemption(job: Submitted, tmp_path: Path, t0: float) -> None:
     assert runs[2].steps == list(range(stop2["step"] + 1, TOTAL_STEPS + 1)), explain()
 
     entries = list_store(f"{tmp_path / 'store'}/")
-    assert sorted(e.step for e in entries) == [stop1["step"], stop2["step"]]
+    # The two stops' restore points, and the state at completion (a final snapshot).
+    assert sorted(e.step for e in entries) == [stop1["step"], stop2["step"], TOTAL_STEPS]
     for entry in entries:
         verify(entry.url)
+
+
+def test_torchrun_workers_stopped_by_the_contract_requeue_and_complete(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """torchrun exits 1 when its workers exit 42. Every worker left its stop marker in the
+    template's RESTOREPOINT_STOP_DIR, so the template takes the step's 1 as 42: the job
+    requeues, resumes from the store and ends COMPLETED, with the weights of an uninterrupted
+    torchrun run. torchrun is told to handle USR2 (the template's stop signal) and pass it to
+    its workers: by default USR2 would end torchrun itself (docs/slurm.md, "torchrun")."""
+    script = Path(__file__).resolve().parents[1] / "runtime" / "_trainer_variants.py"
+    store = f"{tmp_path / 'store'}/"
+
+    def torchrun(out: str) -> list[str]:
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", "2", "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
+            str(script), "ddp", "--out", out,
+        ]  # fmt: skip
+
+    root = shlex.quote(str(tmp_path / "runs"))
+    wrapper = (
+        f"{REPORT_ENV}; export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1; "
+        f'exec "$@" --root {root}/attempt-"${{SLURM_RESTART_COUNT:-0}}"'
+    )
+    command = [*torchrun(f"{tmp_path}/final-{{rank}}.pt"), "--store", store]
+    job = submit(slurm, tmp_path, ["sh", "-c", wrapper, "sh", *command, "--step-delay", "0.4"])
+    ref_env = {**slurm.env(), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    reference = subprocess.run(
+        [*torchrun(f"{tmp_path}/ref-{{rank}}.pt"), "--root", str(tmp_path / "reference")],
+        capture_output=True, text=True, env=ref_env, timeout=240, check=False,
+    )  # fmt: skip
+    assert reference.returncode == 0, reference.stderr
+    wait_for(job.seen(0, lambda a: len(a.steps) >= 8), 150, "the first run's step 4", job.explain)
+    proc = slurm.command("scancel", "--signal=USR1", "--batch", job.job)
+    assert proc.returncode == 0, proc.stderr
+    info = job.wait_end(240)
+    runs = job.runs()
+    assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("COMPLETED", "1", "0:0"), (
+        job.explain()
+    )
+    assert [a.exit_code for a in runs] == [1, 0], job.explain()
+    assert "restorepoint: every process stopped by the contract: exit 42" in runs[0].lines
+    assert runs[0].requeued_itself, job.explain()
+    stopped = [
+        int(m.group(1)) for x in runs[0].lines if (m := re.match(r"exit 42 at step (\d+)$", x))
+    ]
+    assert len(stopped) == 2 and len(set(stopped)) == 1, job.explain()
+    (line,) = [x for x in runs[0].lines if x.startswith("restorepoint: stop (SIGUSR2) at step")]
+    assert "restore point published to" in line and line.endswith("exiting 42 (resumable)")
+    resumed = [x for x in runs[1].lines if x.startswith("resumed ")]
+    assert resumed == [f"resumed {stopped[0]} {resumed[0].split()[2]} {resumed[0].split()[3]}"] * 2
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"final-{rank}.pt", map_location="cpu", weights_only=False)
+        want = torch.load(tmp_path / f"ref-{rank}.pt", map_location="cpu", weights_only=False)
+        assert_same_state(got, want, f"rank {rank}")

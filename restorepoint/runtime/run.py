@@ -1,7 +1,6 @@
 """Resumable training for plain PyTorch loops: the preemption contract (docs/adapters.md).
 
     with ResumableRun(config, store="s3://bucket/runs/",
-                      operational=["train.checkpoint_every"],
                       snapshot_every="train.checkpoint_every") as run:
         run.track(model=model, optimizer=optimizer, scheduler=scheduler)
         run.resume()                           # restores state and position, or starts fresh
@@ -12,7 +11,9 @@
                 run.commit()                           # one effective batch is done
 
 ``ResumableRun`` composes the runtime's parts: the run directory and its contract
-(``contract``), the signal flags (``signals``), the snapshot worker (``worker``), the data order
+(``contract``), what the run is (``identity``: operational keys, run id), the signal flags
+(``signals``), the snapshot worker (``worker``), the save and publish of each snapshot
+(``publish``), the stop path (``stop``), where to resume from (``resume_from``), the data order
 (``data``) and the snapshot's state (``state``). It resumes through the one way in
 (``ops.resume``: the strict gate against its local view) and publishes through the one way out
 (``ops.publish``).
@@ -23,8 +24,11 @@
   seeded with ``seed + epoch``, and the committed batches of the epoch being resumed are skipped,
   never replayed.
 - Signals only set a flag; the loop acts at the next effective-batch boundary (``commit``): a
-  snapshot request (SIGUSR1) snapshots and trains on; a stop request (SIGTERM, and
-  ``$SUBMITIT_PREEMPT_SIGNAL`` or SIGUSR2) snapshots and exits with 42, the resumable exit.
+  snapshot request (SIGUSR1) snapshots and trains on; a stop request (SIGTERM, SIGINT, and
+  ``$SUBMITIT_PREEMPT_SIGNAL`` or SIGUSR2) snapshots, publishes and exits with 42, the
+  resumable exit, saying so in one line (``stop``: the stop path's one owner).
+- A run whose status is ``completed`` is not trained again; the state at completion is
+  published (``final_snapshot``, on with a store).
 - A snapshot pauses training only while the state is copied to memory; the local save, the pack
   and the upload run on a background thread. A failed upload is recorded and training goes on.
 """
@@ -49,22 +53,17 @@ import torch
 from .._posix import atomic_write, signal_number
 from .._text import printable
 from .._version import __version__
-from ..errors import IncompatibleRestorePoint, NotFound, RestorePointError, UsageError
+from ..errors import IncompatibleRestorePoint, RestorePointError, UsageError
 from ..format import Position, Trainer, config_identity, diff_configs
-from ..ops import Expectations, check_json_data, latest, load_config
-from ..ops.gate import decide, refuse
+from ..ops import Expectations, check_json_data, load_config
 from ..ops.local_view import cache_root_from_env
 from ..ops.publish import HeadSpec, PackOptions
-from ..ops.resume import choose, read_head_file, resume_import
 from ..trust import Trust, load_signing_key
 from .contract import (
     EXIT_RESUMABLE,
     POSITION_FILE,
     READY_ENV,
     REFUSED_FILE,
-    RESUME_DIR_ENV,
-    RESUME_HEAD_ENV,
-    RESUME_URL_ENV,
     SIGNING_KEY_ENV,
     STORE_ENV,
     RunDirectory,
@@ -76,6 +75,7 @@ from .data import EpochSampler, effective_batches
 from .detect import TORCH_TERMS_SOURCE, torch_terms
 from .identity import RECOVERY_KEYS, operational_keys, run_id_for, snapshot_interval
 from .publish import Publisher, json_line, rank_file
+from .resume_from import RUNTIME_HINTS, display, gate_handed, handed, store_snapshot
 from .safe_load import safe_load
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
 from .state import STATE_FORMAT, load_state, rng_state, set_rng, to_cpu
@@ -85,15 +85,6 @@ from .worker import Snapshot, SnapshotWorker
 __all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
 
 log = logging.getLogger("restorepoint.torch")
-
-#: What a refusal says to give, in the runtime's words.
-RUNTIME_HINTS = {
-    "trainer": "give ResumableRun(trainer=...)",
-    "terms": "give ResumableRun(terms=...)",
-    "cache_root": "give ResumableRun(cache_root=...) or RESTOREPOINT_CACHE_ROOT",
-    "cache_keys": "give ResumableRun(cache_keys=...)",
-    "config": "give ResumableRun(config)",
-}
 
 
 def _distributed() -> tuple[int, int]:
@@ -516,7 +507,7 @@ class ResumableRun:
         Every checkpoint file is loaded weights-only: one that would run code is refused
         (UnsafeCheckpoint) before anything of it is built. Under ``restorepoint run`` a
         refusal ends the trainer with its exit code (3, or 1), which is not requeued."""
-        if not self.auto_resume and not self._handed():
+        if not self.auto_resume and handed(self._rank_file()) is None:
             # auto_resume governs finding the newest; an import handed over (restorepoint run
             # --resume-from) is applied whatever it says.
             return self.position
@@ -535,14 +526,15 @@ class ResumableRun:
                 if hasattr(exc, "add_note"):
                     exc.add_note(f"  {printable(detail)}")
             raise
+        shown = display(path, self._rank_file())
         if (
             not isinstance(state, dict)
             or state.get("format") != STATE_FORMAT
             or state.get("identity") != self.identity
         ):
             raise IncompatibleRestorePoint(
-                f"refusing to resume from {self._display(path)}: it is not a snapshot of this run",
-                url=self._display(path),
+                f"refusing to resume from {shown}: it is not a snapshot of this run",
+                url=shown,
             )
         for name, obj in self.objects.items():
             if name not in state["objects"]:
@@ -570,37 +562,12 @@ class ResumableRun:
             )
         return self.position
 
-    def _handed(self) -> Path | None:
-        """The payload of a restore point a supervisor imported for this run, if any."""
-        handed = os.environ.get(RESUME_DIR_ENV)
-        if handed and (Path(handed) / self._rank_file()).exists():
-            return Path(handed)
-        return None
-
-    def _display(self, path: Path) -> str:
-        """What a message calls ``path``: a supervisor's import by its URL (the supervisor's
-        private directory means nothing to the user), anything else by its path."""
-        handed, url = self._handed(), os.environ.get(RESUME_URL_ENV)
-        if url and handed is not None and path.is_relative_to(handed):
-            return url
-        return str(path)
-
-    def _gate_handed(self, handed: Path) -> None:
-        """A supervisor's import, gated here: the supervisor compared what it knows; this run
-        knows the rest (its trainer, config, cache keys) and compares everything again."""
-        head_file = os.environ.get(RESUME_HEAD_ENV) or str(handed) + ".head.json"
-        head = read_head_file(head_file)
-        url = self._display(handed)
-        result = decide(url, head, [self._view], strict=True, hints=RUNTIME_HINTS)
-        if not result.compatible:
-            raise refuse(result)
-
     def _newest_snapshot(self) -> tuple[Path | None, str]:
-        handed = self._handed()
-        if handed is not None:
+        imported = handed(self._rank_file())
+        if imported is not None:
             # A supervisor imported a restore point for us (restorepoint run --resume-from).
-            self._gate_handed(handed)
-            return handed / self._rank_file(), "supervisor import"
+            gate_handed(imported, self._view, self._rank_file())
+            return imported / self._rank_file(), "supervisor import"
         local = self.directory.checkpoints / self._rank_file()
         local_step = self._local_step(local)
         steps: list[Any] = [local_step]
@@ -615,7 +582,7 @@ class ResumableRun:
                     "the ranks' run directories hold steps %s: not resuming from them", steps
                 )
                 local_step = -1
-        found = self._store_snapshot(local_step)
+        found = store_snapshot(self, local_step)
         if found is not None:
             return found
         if local_step < 0 and max(steps) >= 0:
@@ -642,54 +609,6 @@ class ResumableRun:
         if isinstance(ref, dict) and not (local.parent / str(ref.get("file"))).is_file():
             return -1
         return int(state["position"]["step"])
-
-    def _store_snapshot(self, local_step: int) -> tuple[Path, str] | None:
-        """The store's newest restore point of this run, imported, when it is further on than
-        the run directory's snapshot."""
-        if self.store is not None:
-            storage = self.options.storage_options
-            try:
-                newest = latest(self.store, run=self.run_id, storage_options=storage)
-            except NotFound:
-                newest = None
-            entry = None
-            if newest is not None and newest.step > local_step:
-                entry = choose(
-                    self.store,
-                    run=self.run_id,
-                    views=[self._view],
-                    accept_older=self.accept_older,
-                    trust=self.trust,
-                    storage_options=storage,
-                    hints=RUNTIME_HINTS,
-                )
-            if entry is not None and entry.step > local_step:
-                # Named after the restore point itself: another object of the same step (a
-                # step packed again) is another import, gated on its own.
-                name = entry.name.rsplit("/", 1)[-1].removesuffix(".rp")
-                if self._world > 1:
-                    # Each rank imports the shared part and its own (spec 25.4).
-                    name += f".rank{self._rank}"
-                dest = self.run_dir / "imports" / name
-                if not dest.exists():
-                    try:
-                        resume_import(
-                            entry.url,
-                            dest,
-                            views=[self._view],
-                            trust=self.trust,
-                            storage_options=storage,
-                            hints=RUNTIME_HINTS,
-                            rank=self._rank if self._world > 1 else None,
-                            world_size=self._world,
-                        )
-                    except RestorePointError:
-                        # Ranks sharing the run directory import at once; the import is
-                        # renamed into place whole, so one that is there is the winner's.
-                        if not dest.exists():
-                            raise
-                return dest / self._rank_file(), "store"
-        return None
 
     # -- the loop ----------------------------------------------------------------------------
 

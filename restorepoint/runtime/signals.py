@@ -2,8 +2,8 @@
 its next effective-batch boundary (docs/adapters.md, "Snapshots and signals").
 
 - a **snapshot request** (SIGUSR1 by default) snapshots and trains on;
-- a **stop request** (SIGTERM, and ``$SUBMITIT_PREEMPT_SIGNAL`` or SIGUSR2) snapshots and exits
-  with 42.
+- a **stop request** (SIGTERM, SIGINT, and ``$SUBMITIT_PREEMPT_SIGNAL`` or SIGUSR2) snapshots
+  and exits with 42.
 
 Handlers installed before are remembered, chained after the run acted on the signal (submitit's
 requeue), and put back at the end. A forked DataLoader worker inherits the handler and does
@@ -41,9 +41,9 @@ def signal_name(signum: int) -> str:
 
 
 def default_stop_signals() -> tuple[int, ...]:
-    """SIGTERM, and the signal submitit sends before preemption ($SUBMITIT_PREEMPT_SIGNAL,
-    SIGUSR2 when unset)."""
-    return (int(signal.SIGTERM), preempt_signal())
+    """SIGTERM, SIGINT (Ctrl-C, and what a supervisor or torchrun passes on), and the signal
+    submitit sends before preemption ($SUBMITIT_PREEMPT_SIGNAL, SIGUSR2 when unset)."""
+    return tuple(dict.fromkeys((int(signal.SIGTERM), int(signal.SIGINT), preempt_signal())))
 
 
 def ignore_in_worker(
@@ -124,5 +124,7 @@ class SignalFlags:
         (submitit's requeue handler, say)."""
         for signum in signals:
             previous = self._previous.get(signum)
-            if callable(previous):
+            # Python's own SIGINT handler raises KeyboardInterrupt: chained, it would turn the
+            # stop that was just taken into a crash.
+            if callable(previous) and previous is not signal.default_int_handler:
                 previous(signum, None)

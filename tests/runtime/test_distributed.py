@@ -8,6 +8,7 @@ and from the store on a fresh machine. Without a process group the same code run
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,8 @@ def test_reference_ranks_agree_and_each_restore_point_holds_its_own_step(
     # DDP: both ranks hold the same weights after every step.
     tv.assert_same_state(a["model"], b["model"], "model")
     entries = list_store(f"{reference / 'store'}/")
-    assert sorted(e.step for e in entries) == [4, 8, 12, 16]
+    # Every 4 steps, and the state at completion (a final snapshot: on with a store).
+    assert sorted(e.step for e in entries) == [4, 8, 12, 16, TOTAL]
     for entry in entries:
         dest = reference / "imported" / str(entry.step)
         import_restore_point(entry.url, dest)
@@ -108,12 +110,16 @@ def test_stop_on_rank_0_is_agreed_published_once_and_resumes_bit_for_bit(
     assert [e["step"] for e in events if e["event"] == "graceful_shutdown"] == [5]
     assert [e["step"] for e in events if e["event"] == "uploaded"] == [5]
 
+    # The store as the stop left it, for another machine below: the run that completes here
+    # publishes its final state into the store it runs with.
+    shutil.copytree(tmp_path / "store", tmp_path / "store-b")
     # The same machine: from the run directory.
     ranks = launch(tmp_path, "local", "--root", str(runs), "--store", store)
     assert [r.code for r in ranks] == [0, 0], ranks[0].err + ranks[1].err
     assert all("resumed 5 0 5" in r.out for r in ranks)
     # Another machine: nothing but the store; both ranks import at once.
     fresh = tmp_path / "machine-b"
+    store = f"{tmp_path / 'store-b'}/"
     ranks = launch(tmp_path, "store", "--root", str(fresh), "--store", store)
     assert [r.code for r in ranks] == [0, 0], ranks[0].err + ranks[1].err
     assert all("resumed 5 0 5" in r.out for r in ranks)

@@ -145,7 +145,7 @@ def test_submitit_preempt_signal_sets_the_stop_signal(
     if env is not None:
         monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", env)
     run = ResumableRun(tv.CONFIG, root=tmp_path)
-    assert run.stop_signals == (signal.SIGTERM, expected)
+    assert run.stop_signals == (signal.SIGTERM, signal.SIGINT, expected)
 
 
 def test_unknown_submitit_signal_is_a_usage_error(

@@ -35,7 +35,8 @@ TOTAL = tv.total_steps()
 def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("SUBMITIT_PREEMPT_SIGNAL", STOP_DIR_ENV, MAX_RESUBMITS_ENV):
         monkeypatch.delenv(name, raising=False)
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+    saved = {s: signal.getsignal(s) for s in signals}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -78,6 +79,23 @@ def test_a_stop_says_where_its_restore_point_went_and_leaves_its_marker(
     assert out.run is not None
     assert (doc["exit"], doc["step"], doc["rank"], doc["run"]) == (42, 3, 0, out.run.run_id)
     assert stopped_by_contract(stop_dir)
+
+
+def test_sigint_is_a_stop_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C, or a supervisor's or torchrun's SIGINT: the same ending as SIGTERM, and Python's
+    KeyboardInterrupt handler (the one installed before) is not chained into a crash."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def interrupt(run: ResumableRun, step: int) -> None:
+        if step == 2:
+            signal.raise_signal(signal.SIGINT)
+
+    out = tv.train(tmp_path / "runs", before_commit=interrupt)
+    assert out.code == 42
+    assert status(out.run)["status"] == "preempted"
+    (line,) = stop_lines(capsys.readouterr().err)
+    assert line.startswith("restorepoint: stop (SIGINT) at step 2: snapshot saved in ")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_without_a_store_the_stop_says_where_the_snapshot_lies(

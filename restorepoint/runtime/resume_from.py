@@ -1,0 +1,110 @@
+"""Where a ResumableRun resumes from, besides its own run directory: a restore point a supervisor
+imported for it (``restorepoint run --resume-from``), or the store's newest restore point of the
+run. Each passes the strict gate against the run's local view first (spec section 16.4); a
+refusal names the restore point by its URL, never by a private directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import NotFound, RestorePointError
+from ..ops import Expectations, latest
+from ..ops.gate import decide, refuse
+from ..ops.resume import choose, read_head_file, resume_import
+from .contract import RESUME_DIR_ENV, RESUME_HEAD_ENV, RESUME_URL_ENV
+
+if TYPE_CHECKING:
+    from .run import ResumableRun
+
+__all__ = ["RUNTIME_HINTS", "display", "gate_handed", "handed", "store_snapshot"]
+
+#: What a refusal says to give, in the runtime's words.
+RUNTIME_HINTS = {
+    "trainer": "give ResumableRun(trainer=...)",
+    "terms": "give ResumableRun(terms=...)",
+    "cache_root": "give ResumableRun(cache_root=...) or RESTOREPOINT_CACHE_ROOT",
+    "cache_keys": "give ResumableRun(cache_keys=...)",
+    "config": "give ResumableRun(config)",
+}
+
+
+def handed(rank_file: str) -> Path | None:
+    """The payload of a restore point a supervisor imported for this run, if any."""
+    directory = os.environ.get(RESUME_DIR_ENV)
+    if directory and (Path(directory) / rank_file).exists():
+        return Path(directory)
+    return None
+
+
+def display(path: Path, rank_file: str) -> str:
+    """What a message calls ``path``: a supervisor's import by its URL (the supervisor's
+    private directory means nothing to the user), anything else by its path."""
+    imported, url = handed(rank_file), os.environ.get(RESUME_URL_ENV)
+    if url and imported is not None and path.is_relative_to(imported):
+        return url
+    return str(path)
+
+
+def gate_handed(imported: Path, view: Expectations, rank_file: str) -> None:
+    """A supervisor's import, gated here: the supervisor compared what it knows; the run knows
+    the rest (its trainer, config, cache keys) and compares everything again."""
+    head_file = os.environ.get(RESUME_HEAD_ENV) or str(imported) + ".head.json"
+    head = read_head_file(head_file)
+    url = display(imported, rank_file)
+    result = decide(url, head, [view], strict=True, hints=RUNTIME_HINTS)
+    if not result.compatible:
+        raise refuse(result)
+
+
+def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str] | None:
+    """The store's newest restore point of this run, imported, when it is further on than the
+    run directory's snapshot."""
+    if run.store is None:
+        return None
+    storage = run.options.storage_options
+    try:
+        newest = latest(run.store, run=run.run_id, storage_options=storage)
+    except NotFound:
+        newest = None
+    entry = None
+    view = run.local_view()
+    if newest is not None and newest.step > local_step:
+        entry = choose(
+            run.store,
+            run=run.run_id,
+            views=[view],
+            accept_older=run.accept_older,
+            trust=run.trust,
+            storage_options=storage,
+            hints=RUNTIME_HINTS,
+        )
+    if entry is None or entry.step <= local_step:
+        return None
+    rank, world = run.publisher.rank, run.publisher.world
+    # Named after the restore point itself: another object of the same step (a step packed
+    # again) is another import, gated on its own.
+    name = entry.name.rsplit("/", 1)[-1].removesuffix(".rp")
+    if world > 1:
+        # Each rank imports the shared part and its own (spec 25.4).
+        name += f".rank{rank}"
+    dest = run.run_dir / "imports" / name
+    if not dest.exists():
+        try:
+            resume_import(
+                entry.url,
+                dest,
+                views=[view],
+                trust=run.trust,
+                storage_options=storage,
+                hints=RUNTIME_HINTS,
+                rank=rank if world > 1 else None,
+                world_size=world,
+            )
+        except RestorePointError:
+            # Ranks sharing the run directory import at once; the import is renamed into
+            # place whole, so one that is there is the winner's.
+            if not dest.exists():
+                raise
+    return dest / run.publisher.rank_file(), "store"

@@ -32,7 +32,11 @@ set -u
 max_resubmits={max_resubmits}
 restarts="${{SLURM_RESTART_COUNT:-0}}"
 export RESTOREPOINT_MAX_RESUBMITS="$max_resubmits"
-stop_dir="${{RESTOREPOINT_STOP_DIR:-${{TMPDIR:-/tmp}}/restorepoint-stop-$SLURM_JOB_ID}}"
+own_stop_dir=""
+if [ -z "${{RESTOREPOINT_STOP_DIR:-}}" ]; then
+    own_stop_dir="${{TMPDIR:-/tmp}}/restorepoint-stop-$SLURM_JOB_ID"
+fi
+stop_dir="${{RESTOREPOINT_STOP_DIR:-$own_stop_dir}}"
 export RESTOREPOINT_STOP_DIR="$stop_dir"
 mkdir -p "$stop_dir"
 rm -f "$stop_dir"/stopped-*-of-*.json
@@ -78,6 +82,9 @@ if [ "$code" -ne 0 ] && [ "$code" -ne {resumable} ] && stopped_by_contract; then
     code={resumable}
 fi
 rm -f "$stop_dir"/stopped-*-of-*.json
+if [ -n "$own_stop_dir" ]; then
+    rmdir "$own_stop_dir" 2>/dev/null || true
+fi
 if [ "$code" -eq {resumable} ]; then
     # Requeue only a job that is still running. scancel, scontrol requeue and the end of a
     # preemption's GraceTime TERM the step too, and the trainer answers TERM with 42: the job

@@ -1,6 +1,7 @@
 """The run-directory contract, defined once: the files of a run directory, the environment a
-supervisor (``restorepoint run``) hands a trainer, the ready files, the resumable exit code,
-and asking a running trainer for a snapshot. The runtime (ResumableRun), ``restorepoint
+supervisor (``restorepoint run``) hands a trainer, the ready files, the resumable exit code and
+the stop markers that keep it through a launcher (torchrun), and asking a running trainer for a
+snapshot. The runtime (ResumableRun), ``restorepoint
 snapshot`` and the supervisor read and write these through this module and nowhere else
 (docs/adapters.md, "Files in the run directory").
 

@@ -102,7 +102,10 @@ class ExternalLoop:
                 "run": self.head.run,
                 "run_dir": str(self.workdir.resolve()),
                 "snapshot_signal": int(signal.SIGUSR1),
+                # Checked by ``restorepoint snapshot`` before it asks the supervisor: the
+                # request is passed on to this process, which must catch its signal.
                 "trainer_pid": trainer.pid,
+                "trainer_signal": int(self.adapter.profile.snapshot_signal),
             }
         )
         self._worker.start()
@@ -129,9 +132,23 @@ class ExternalLoop:
         return self.trainer is not None and self.trainer.ready.is_set()
 
     def request_snapshot(self) -> None:
-        """A snapshot now if the trainer is up, else as soon as it is."""
+        """A snapshot now if the trainer is up, else as soon as it is (never a signal that
+        the trainer does not catch: see ``TrainerProcess``)."""
         if self.trainer is not None and self.trainer.returncode is None:
             self.trainer.ask_for_snapshot()
+
+    def can_snapshot(self) -> bool:
+        """Whether the trainer takes a snapshot request now (up, and catching the signal)."""
+        return self.trainer is not None and self.trainer.can_snapshot()
+
+    def wait_newest_published(self, deadline: float) -> bool:
+        """The fallback of a trainer that cannot snapshot: wait until the newest committed
+        snapshot seen (a periodic one) is published, up to ``deadline``; True when the store's
+        newest is it (or nothing was ever committed: nothing to wait for)."""
+        newest = self.newest_step()
+        if newest < 0 or self.published_step() >= newest:
+            return newest >= 0
+        return self.wait_published(newest - 1, deadline)
 
     def newest_step(self) -> int:
         snap = self.newest

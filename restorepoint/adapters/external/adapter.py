@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..._posix import fsync_dir
-from ...errors import UsageError
+from ...errors import NotFound, UsageError
 from ...format import Manifest, Position, Trainer
 from ...format.identity import config_identity
 from ...ops.gate import Expectations
 from ...ops.local_view import cache_root_from_env, data_digest
-from ..base import Snapshot, TrainerInfo, send_signal
+from ..base import Snapshot, TrainerInfo
 from .log import ANSI, parse_log
-from .process import Disposition, TrainerProcess, complete, signal_disposition
+from .process import TrainerProcess, complete
 from .profile import Profile, builtin_profiles, load_profile, render
 from .steps import MAX_SNAPSHOT_STEPS, check_every, lround, scaled
 
@@ -436,19 +436,15 @@ class ExternalAdapter:
         if ours is not None:
             ours.request_snapshot()
             return
-        state = signal_disposition(pid, p.snapshot_signal)
-        if state is Disposition.GONE:
-            raise UsageError(f"no trainer process {pid}")
-        if state is Disposition.DEFAULT:
-            raise UsageError(
-                f"trainer {pid} has not reported itself up: it does not handle {p.signal_name} "
-                "yet, and the signal would kill it"
-            )
-        if state is Disposition.IGNORED:
-            raise UsageError(
-                f"trainer {pid} ignores {p.signal_name}: it takes no snapshot requests now"
-            )
-        send_signal(pid, p.snapshot_signal)
+        # The one way a snapshot request is sent (runtime.contract): alive, this user's, and
+        # catching the signal in /proc (an uncaught SIGUSR1 kills), or nothing is sent.
+        from ...runtime.contract import SnapshotTarget, request_snapshot
+
+        sig = p.snapshot_signal
+        try:
+            request_snapshot(SnapshotTarget(pid, sig, allowed=frozenset({sig})))
+        except NotFound as exc:
+            raise UsageError(f"no trainer process {pid}: {exc.message}") from None
 
     def snapshot_dir(self, workdir: Path) -> Path:
         """Where the trainer writes its snapshots under the project directory ``workdir``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import logging
 import os
 import queue
 import re
@@ -18,12 +19,14 @@ from types import FrameType, TracebackType
 from typing import IO, Any, Protocol
 
 from ..._posix import Disposition, signal_disposition
-from ...errors import UsageError
-from ..base import Snapshot, send_signal
+from ...errors import RestorePointError, UsageError
+from ..base import Snapshot
 from .log import ANSI, parse_log
 from .profile import Profile
 
 __all__ = ["Disposition", "SnapshotFiles", "TrainerProcess", "complete", "signal_disposition"]
+
+_logger = logging.getLogger("restorepoint.adapters")
 
 
 class SnapshotFiles(Protocol):
@@ -167,8 +170,9 @@ class TrainerProcess:
         return True
 
     def request_snapshot(self) -> None:
-        """Send the snapshot signal; refused (UsageError) before the trainer is up, when the
-        signal would kill it."""
+        """Send the snapshot signal; refused (UsageError) before the trainer is up, or when
+        /proc says it does not catch the signal (an upstream binary without the snapshot
+        patch): the signal would kill it."""
         if self.popen.poll() is not None:
             raise UsageError(f"no trainer process {self.pid} (it exited {self.popen.returncode})")
         if not self.ready.is_set():
@@ -176,13 +180,32 @@ class TrainerProcess:
                 f"trainer {self.pid} has not reported itself up yet; "
                 f"{self.profile.signal_name} now would kill it"
             )
-        send_signal(self.pid, self.profile.snapshot_signal)
+        self._send_request()
+
+    def _send_request(self) -> None:
+        # The one way a snapshot request is sent (runtime.contract): the SigCgt check, on the
+        # very process signalled.
+        from ...runtime.contract import SnapshotTarget, request_snapshot
+
+        sig = self.profile.snapshot_signal
+        request_snapshot(SnapshotTarget(self.pid, sig, allowed=frozenset({sig})))
+
+    def can_snapshot(self) -> bool:
+        """Whether the trainer takes snapshot requests now: up, and catching the signal."""
+        return (
+            self.ready.is_set()
+            and self.popen.poll() is None
+            and signal_disposition(self.pid, self.profile.snapshot_signal) is Disposition.CAUGHT
+        )
 
     def _deliver_pending(self) -> None:
         if self._pending:
             self._pending = False
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, self.profile.snapshot_signal)
+            try:
+                self._send_request()
+            except RestorePointError as exc:
+                # Never a signal it would die of: the request is dropped, training goes on.
+                _logger.warning("snapshot request not sent: %s", exc)
 
     def send(self, signum: int) -> None:
         """Send any signal now (a stop signal is never held back)."""

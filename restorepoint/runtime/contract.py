@@ -360,7 +360,15 @@ def _check_process(pid: int, start_time: int | None, url: str | None, who: str) 
 
     if not pid_alive(pid):
         raise NotFound(f"{who} (pid {pid}) is not running", url=url)
-    if start_time is not None and process_start_time(pid) != start_time:
+    started = process_start_time(pid)
+    if start_time is None and started is not None and url is not None:
+        # A record that cannot say which process wrote it: its pid may be anyone's by now.
+        raise NotFound(
+            f"trainer.json records no start time for pid {pid}: cannot tell that it is still "
+            "the trainer (a record of an older restorepoint, or not written by one)",
+            url=url,
+        )
+    if start_time is not None and started != start_time:
         raise NotFound(
             f"{who} (pid {pid}) is not running: that pid is another process's now", url=url
         )

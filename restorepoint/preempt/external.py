@@ -91,7 +91,13 @@ class ExternalLoop:
     def start(self, command: Sequence[str], env: Mapping[str, str]) -> TrainerProcess:
         """Start the trainer and the loop around it."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        trainer = self.adapter.start(command, self.workdir, echo=sys.stdout, env=env)
+        # The stop signals the supervisor takes for the trainer (Slurm signals every process
+        # of a step, the trainer too): ignored by it from its start, unless it is its own
+        # snapshot signal, so that a stop ends in the snapshot the supervisor asks for.
+        ignore = {int(signal.SIGUSR2), int(signal.SIGINT)} - {self.adapter.profile.snapshot_signal}
+        trainer = self.adapter.start(
+            command, self.workdir, echo=sys.stdout, env=env, ignore=sorted(ignore)
+        )
         self.trainer = trainer
         # Who takes this run's snapshot requests: the supervisor (it holds the request until
         # the trainer is up, where a signal would kill it).

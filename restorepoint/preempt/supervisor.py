@@ -532,7 +532,12 @@ class Supervisor(ResumeSteps):
         """Start the trainer, act on signals and notices until it ends; its exit code under
         the stop contract."""
         if self.self_publishing:
-            self._proc = subprocess.Popen(command, env=env)
+            # SIGUSR2 and SIGINT (a stop of the supervisor, which stops the trainer with
+            # SIGTERM) also reach the trainer from Slurm or a terminal: ignored from its
+            # start, so that a plain command does not die of them; a ResumableRun or a
+            # Lightning callback installs its own handler over it.
+            # (signal.signal in the child takes no lock a thread of ours could hold.)
+            self._proc = subprocess.Popen(command, env=env, preexec_fn=_ignore_stop_signals)  # noqa: PLW1509
         else:
             self._loop = self._external_loop()
             self._proc = self._loop.start(command, env).popen
@@ -567,6 +572,14 @@ class Supervisor(ResumeSteps):
                 if notice.kind == "stop":
                     self._stop_trainer(notice.deadline)
         code = self._proc.wait()
+        if self._stop_taken is None and self._stop_signal is not None:
+            # The trainer ended before the stop was acted on (Slurm signals the whole step).
+            self._stop_taken = _signal_name(self._stop_signal)
+            log.warning(
+                "stop (%s): the trainer ended before its snapshot was asked for: the store's "
+                "newest restore point stays what it was; exit 42",
+                self._stop_taken,
+            )
         if self._loop is not None and not self._loop.finish(self.snapshot_timeout_s):
             log.warning("a publish was still running at the end; left to finish")
         if code == EXIT_INCOMPATIBLE:
@@ -583,6 +596,11 @@ class Supervisor(ResumeSteps):
             )
             return EXIT_RESUMABLE
         return 128 - code if code < 0 else code  # killed by a signal: the shell way
+
+
+def _ignore_stop_signals() -> None:
+    for signum in (signal.SIGUSR2, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _signal_name(signum: int) -> str:

@@ -373,7 +373,7 @@ class ExternalAdapter:
             raise UsageError(f"{self.profile.name}: {flag} {value!r} is not finite")
         return scaler
 
-    def start(
+    def start(  # noqa: PLR0913 - the command, where it runs, its output and its signals
         self,
         command: Sequence[str],
         workdir: str | os.PathLike[str] | None = None,
@@ -381,9 +381,12 @@ class ExternalAdapter:
         log: str | os.PathLike[str] | None = None,
         echo: IO[str] | None = None,
         env: Mapping[str, str] | None = None,
+        ignore: Sequence[int] = (),
     ) -> TrainerProcess:
         """Start the trainer; its output goes to ``log`` (default: the profile's first log
-        file in ``workdir``) and is read for its readiness and its snapshots."""
+        file in ``workdir``) and is read for its readiness and its snapshots. The ``ignore``
+        signals are ignored in the trainer's process from its start (the trainer may still
+        install a handler of its own)."""
         root = Path(workdir) if workdir is not None else self.project
         if root is None:
             raise UsageError(f"{self.profile.name}: start needs a workdir (or project=)")
@@ -392,7 +395,9 @@ class ExternalAdapter:
             if not self.log_files or any(ch in self.log_files[0] for ch in "*?["):
                 raise UsageError(f"{self.profile.name}: no log file to write; pass log=")
             log = root / self.log_files[0]
-        proc = TrainerProcess(self, list(command), root, Path(log), echo=echo, env=env)
+        proc = TrainerProcess(
+            self, list(command), root, Path(log), echo=echo, env=env, ignore=ignore
+        )
         self._started[proc.pid] = proc
         proc.on_exit = self._forget
         return proc

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any, Protocol
@@ -50,6 +50,16 @@ def complete(path: Path) -> bool:
     return path.is_file() and st.st_size > 0
 
 
+def _ignoring(signals: tuple[int, ...]) -> Callable[[], None]:
+    """Run in the child between fork and exec: an ignored signal stays ignored across exec."""
+
+    def ignore() -> None:
+        for signum in signals:
+            signal.signal(signum, signal.SIG_IGN)
+
+    return ignore
+
+
 class TrainerProcess:
     """A trainer subprocess started by an adapter: its output is copied to the log (and to
     ``echo``) by a reader thread, which watches it for the ready line and for snapshot
@@ -65,6 +75,7 @@ class TrainerProcess:
         *,
         echo: IO[str] | None = None,
         env: Mapping[str, str] | None = None,
+        ignore: Sequence[int] = (),
     ) -> None:
         self.files = files
         self.profile = files.profile
@@ -92,6 +103,9 @@ class TrainerProcess:
                 stderr=subprocess.STDOUT,
                 env=dict(env) if env is not None else None,
                 start_new_session=True,
+                # signal.signal takes no lock: nothing a thread of ours holds at the fork
+                # can stall the child.
+                preexec_fn=_ignoring(tuple(ignore)) if ignore else None,  # noqa: PLW1509
             )
         except OSError as exc:
             self._log.close()

@@ -31,6 +31,7 @@ from .._posix import (
     atomic_write,
     pid_alive,
     process_start_time,
+    read_regular,
     signal_disposition,
 )
 from ..errors import NotFound, UsageError
@@ -235,7 +236,7 @@ def read_ready(ready_dir: Path) -> list[Ready]:
     out: list[Ready] = []
     for path in sorted(ready_dir.glob("*.json")):
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(read_regular(path, limit=TRAINER_RECORD_LIMIT))
             pid = doc["pid"]
             signum = doc.get("snapshot_signal", int(signal.SIGUSR1))
         except (ValueError, KeyError, TypeError, OSError):

@@ -13,6 +13,7 @@ binary is never killed by a snapshot request.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -115,6 +116,12 @@ def test_external_trainer(stop: str, tmp_path: Path, s3: OwnS3, reference_splat:
     if manual is not None:
         assert newest.step > manual
     verify(newest.url, storage_options=s3.options)
+    # Telemetry counts each publish once, the stop's too.
+    tel = [json.loads(x) for x in (tmp_path / "out.tel").read_text().splitlines()]
+    (end,) = [d for d in tel if d["event"] == "exit"]
+    uploads = [d for d in tel if d["event"] == "upload"]
+    assert end["exit_code"] == 42
+    assert end["uploads"] == len(uploads) == len(events(out, "uploaded"))
     _resume_to_the_end(tmp_path, s3, data, reference_splat)
 
 
@@ -265,3 +272,24 @@ def test_resumable_run_script(stop: str, tmp_path: Path, s3: OwnS3, reference: P
     )  # fmt: skip
     assert again.wait() == 0, again.stderr
     assert_same_final(final, reference)
+
+
+def test_a_refused_resume_is_exit_3_and_telemetry_has_no_resumed(tmp_path: Path) -> None:
+    """A ResumableRun handed an import it refuses (another learning rate): exit 3, and
+    telemetry records ``resume_refused`` without a ``resumed`` before it."""
+    store = f"{tmp_path / 'store'}/"
+    command = trainer(tmp_path / "a", tmp_path / "a.pt")
+    first = Supervised(tmp_path, ["--store", store, "--", *command], clean_env(), "first")
+    until(lambda: (tmp_path / "a" / RUN_ID / "trainer.json").exists(), what="the trainer up")
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait() == 42, first.stderr
+    (entry,) = list_store(store, run=RUN_ID)
+    tele = tmp_path / "t.jsonl"
+    other = [*trainer(tmp_path / "b", tmp_path / "b.pt"), "--lr", "0.5"]
+    refused = Supervised(
+        tmp_path, ["--store", store, "--resume-from", entry.url, "--telemetry", str(tele), "--",
+                   *other], clean_env(), "refused",
+    )  # fmt: skip
+    assert refused.wait() == 3, refused.stderr
+    kinds = [json.loads(x)["event"] for x in tele.read_text().splitlines()]
+    assert "resume_refused" in kinds and "resumed" not in kinds, kinds

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from _servers.s3 import s3_env_for
+from adapters.test_external import OTHER, PROFILE_TOML
 from clirun import cli, one_error_line
 
 from restorepoint import list_store, verify
@@ -293,3 +294,58 @@ def test_a_refused_resume_is_exit_3_and_telemetry_has_no_resumed(tmp_path: Path)
     assert refused.wait() == 3, refused.stderr
     kinds = [json.loads(x)["event"] for x in tele.read_text().splitlines()]
     assert "resume_refused" in kinds and "resumed" not in kinds, kinds
+
+
+# -- an external profile whose snapshot signal is SIGUSR2 ----------------------------------
+
+OTHER_STEPS = 3000
+
+
+def other_args(
+    tmp: Path, s3: OwnS3, out: Path, data: Path, *extra: str, every: int, delay: float
+) -> list[str]:
+    profile = tmp / "other.toml"
+    profile.write_text(PROFILE_TOML)
+    return [
+        "--store", s3.store, "--adapter", "external", "--adapter-option", f"profile={profile}",
+        "--adapter-option", f"binary={shlex.join(OTHER)}", "--workdir", str(out),
+        "--run", "other", "--every", str(every), *extra, "--",
+        *OTHER, "--data", str(data), "--out", str(out), "--steps", str(OTHER_STEPS),
+        "--step-delay", str(delay),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("stop", cells("profile", default={"sigusr2"}, stops=("sigusr2", "sigterm")))
+def test_a_profile_whose_snapshot_signal_is_sigusr2(stop: str, tmp_path: Path, s3: OwnS3) -> None:
+    """SIGUSR2 to the supervisor is a stop even where the trainer's own snapshot signal is
+    SIGUSR2 (sent to it only as the profile's snapshot request)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "samples.bin").write_bytes(bytes(range(256)))
+    out = tmp_path / "out"
+    run = Supervised(
+        tmp_path, other_args(tmp_path, s3, out, data, every=500, delay=0.002),
+        s3_env_for(s3.options),
+    )  # fmt: skip
+    try:
+        until(lambda: events(out, "uploaded"), what="the first periodic upload")
+        periodic = events(out, "uploaded")[-1]["step"]
+        deliver(stop, run, None, out)
+        assert run.wait() == 42, run.stderr
+    finally:
+        run.kill()
+    (newest,) = list_store(s3.store, run="other", storage_options=s3.options)
+    assert newest.step > periodic, run.stderr
+    reference = tmp_path / "reference"
+    subprocess.run(
+        [*OTHER, "--data", str(data), "--out", str(reference), "--steps", str(OTHER_STEPS),
+         "--format", "bin"],
+        check=True, timeout=120, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    b = tmp_path / "b"
+    again = Supervised(
+        tmp_path, other_args(tmp_path, s3, b, data, "--auto-resume", every=0, delay=0),
+        s3_env_for(s3.options), "resume",
+    )  # fmt: skip
+    assert again.wait() == 0, again.stderr
+    assert (b / "final.bin").read_bytes() == (reference / "final.bin").read_bytes()

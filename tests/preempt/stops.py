@@ -2,7 +2,7 @@
 how each stop is delivered, and the supervisor run as a user runs it. A trainer kind's own
 test file (test_stop_matrix.py here; a Lightning one elsewhere) imports these:
 
-    from preempt.stops import STOPS, Supervised, cells, deliver, watch_args
+    from .stops import Supervised, cells, deliver, emulators, until, watch_args
 
     @pytest.mark.parametrize("stop", cells("lightning", default={"sigusr2"}))
     def test_lightning_stop(stop, tmp_path, ...):

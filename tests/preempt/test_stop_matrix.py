@@ -6,7 +6,8 @@ a resume to the end, bit for bit. The shared helpers are in stops.py; a few cell
 default, every one with RESTOREPOINT_FULL_MATRIX=1.
 
 Trainer kinds here: the fake LichtFeld Studio (the external adapter), the same binary without
-the snapshot patch (a plain command: the fallback), and a user's ResumableRun script.
+the snapshot patch (a plain command: the fallback), a user's ResumableRun script, and an
+external profile whose own snapshot signal is SIGUSR2 (the template's stop signal).
 Also: a trainer that ignores SIGTERM is killed after ``--kill-after``, and the unpatched
 binary is never killed by a snapshot request.
 """
@@ -315,7 +316,9 @@ def other_args(
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("stop", cells("profile", default={"sigusr2"}, stops=("sigusr2", "sigterm")))
+@pytest.mark.parametrize(
+    "stop", cells("profile", default={"sigusr2"}, stops=("sigusr2", "sigterm"))
+)
 def test_a_profile_whose_snapshot_signal_is_sigusr2(stop: str, tmp_path: Path, s3: OwnS3) -> None:
     """SIGUSR2 to the supervisor is a stop even where the trainer's own snapshot signal is
     SIGUSR2 (sent to it only as the profile's snapshot request)."""

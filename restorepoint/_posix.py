@@ -19,18 +19,20 @@ from .errors import UsageError
 
 __all__ = [
     "Disposition",
+    "FileTooLarge",
     "NotRegularFile",
     "atomic_write",
     "fsync_dir",
     "fsync_file",
     "pid_alive",
     "preempt_signal",
+    "process_owner",
+    "process_start_time",
     "read_regular",
     "rename_exchange",
     "send_signal",
     "signal_disposition",
     "signal_number",
-    "started_after",
 ]
 
 
@@ -104,17 +106,30 @@ class NotRegularFile(OSError):
     """A path that names a FIFO, a device, a socket or a directory where a file was asked for."""
 
 
-def read_regular(path: str | os.PathLike[str]) -> bytes:
+def read_regular(
+    path: str | os.PathLike[str], *, limit: int | None = None, offset: int = 0
+) -> bytes:
     """A local file's bytes, refused (NotRegularFile) unless it is a regular file: a plain
     open of a FIFO waits for a writer, forever, and a device may never end. The open does not
-    block (O_NONBLOCK), the check is on the descriptor opened, not on the name."""
+    block (O_NONBLOCK), the check is on the descriptor opened, not on the name. With ``limit``,
+    a file whose size from ``offset`` on is larger is refused (FileTooLarge) before any byte is
+    read, and no more than ``limit`` bytes are read should it grow meanwhile."""
     name = os.fspath(path)
     fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(errno.EINVAL, "not a regular file", name)
+        if limit is not None and st.st_size - offset > limit:
+            raise FileTooLarge(errno.EFBIG, f"larger than {limit} bytes", name)
         os.set_blocking(fd, True)
-        return f.read()
+        if offset:
+            f.seek(offset)
+        return f.read() if limit is None else f.read(limit)
+
+
+class FileTooLarge(OSError):
+    """A file larger than the size cap its reader gives (read_regular's ``limit``)."""
 
 
 def pid_alive(pid: int) -> bool:
@@ -131,24 +146,28 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def started_after(pid: int, moment: float, slack: float = 60.0) -> bool:
-    """Whether process ``pid`` started well after ``moment`` (seconds since the epoch); False
-    where /proc cannot tell. The slack: the boot time is in whole seconds, and a file's mtime
-    on a network file system comes from the server's clock; a pid comes round again far later."""
+def process_start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat):
+    with the pid, it names one process for as long as the machine runs (a pid comes round
+    again, a (pid, start time) pair does not). None where /proc cannot tell."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
+        text = read_regular(f"/proc/{pid}/stat", limit=1 << 16).decode(errors="replace")
         # Fields after the command name (which may hold spaces and parentheses): the start
-        # time, in clock ticks since boot, is field 22 of the line, 20th after the name.
-        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
-        started = boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, ValueError, IndexError):
-        return False
-    return started > moment + slack
+        # time is the 20th after the name.
+        return int(text[text.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_owner(pid: int) -> tuple[int, ...] | None:
+    """The real, effective, saved and file-system uids of process ``pid`` (/proc/PID/status);
+    None where /proc cannot tell."""
+    try:
+        text = read_regular(f"/proc/{pid}/status", limit=1 << 16).decode(errors="replace")
+        line = next(ln for ln in text.splitlines() if ln.startswith("Uid:"))
+        return tuple(int(x) for x in line.split()[1:])
+    except (OSError, ValueError, StopIteration):
+        return None
 
 
 class Disposition(enum.Enum):

@@ -22,8 +22,9 @@ from .import_ import check_command, import_command
 from .inspect import inspect_command
 from .local_view import local_view_command
 from .pack import pack_command
-from .run import run_command, snapshot_command
+from .run import run_command
 from .slurm import slurm_template_command
+from .snapshot import snapshot_command
 from .store import latest_command, list_command, prune_command
 from .verify import verify_command
 

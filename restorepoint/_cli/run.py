@@ -1,4 +1,4 @@
-"""restorepoint run -- TRAINER ARGS..., and restorepoint snapshot RUN_DIR"""
+"""restorepoint run -- TRAINER ARGS..."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import UsageError
-from ._common import print_json, run, say, warn
+from ._common import run, warn
 from ._expect import (
     AdapterOpt,
     AdapterOptionOpt,
@@ -104,6 +104,14 @@ def run_command(
         Path | None, typer.Option(help="Append counts and timings (JSON lines) to this file.")
     ] = None,
     margin: Annotated[float, typer.Option(help="Seconds kept in hand before a deadline.")] = 5.0,
+    kill_after: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds from the SIGTERM that stops the trainer to a SIGKILL (default 25, "
+            "below Slurm's KillWait of 30).",
+        ),
+    ] = 25.0,
 ) -> None:
     """Run a trainer under supervision: reclaim notices become published restore points; a
     trainer exit of 42 (resumable) is passed on. A resume is gated by what this machine is
@@ -173,6 +181,7 @@ def run_command(
             head=head,
             keep_last=keep_last,
             keep_local=keep_local or None,
+            kill_after_s=kill_after,
         )
         raise typer.Exit(_resumable_through_launcher(supervisor.run_trainer))
 
@@ -289,42 +298,3 @@ def _resume_views(
         pass  # no torch here: the trainer compares its terms itself
     known = {name for name in FIELDS if any(v.knows(name) for v in views)}
     return views, frozenset(set(FIELDS) - known)
-
-
-def snapshot_command(
-    run_dir: Annotated[
-        Path | None,
-        typer.Argument(help="The run directory (or an external trainer's --workdir)."),
-    ] = None,
-    pid: Annotated[
-        int | None,
-        typer.Option(help="Ask this process instead (a supervisor, or a ResumableRun)."),
-    ] = None,
-    wait: Annotated[
-        float, typer.Option(help="Wait up to this many seconds for the snapshot (0: do not).")
-    ] = 0.0,
-    json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-) -> None:
-    """Ask a running trainer for a snapshot now, without stopping it."""
-
-    def body() -> None:
-        from ..runtime.contract import request_snapshot, request_snapshot_of
-
-        if (run_dir is None) == (pid is None):
-            raise UsageError("give a run directory or --pid, one of them")
-        if pid is not None:
-            if wait:
-                raise UsageError("--wait needs the run directory, where snapshots are recorded")
-            asked, step = request_snapshot_of(pid), None
-        else:
-            assert run_dir is not None
-            asked, step = request_snapshot(run_dir, wait=wait)
-        if json_:
-            print_json({"ok": True, "pid": asked, "step": step})
-        else:
-            say(
-                f"snapshot requested from pid {asked}"
-                + (f": taken at step {step}" if step is not None else "")
-            )
-
-    run(json_, body)

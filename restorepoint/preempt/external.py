@@ -91,7 +91,13 @@ class ExternalLoop:
     def start(self, command: Sequence[str], env: Mapping[str, str]) -> TrainerProcess:
         """Start the trainer and the loop around it."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        trainer = self.adapter.start(command, self.workdir, echo=sys.stdout, env=env)
+        # The stop signals the supervisor takes for the trainer (Slurm signals every process
+        # of a step, the trainer too): ignored by it from its start, unless it is its own
+        # snapshot signal, so that a stop ends in the snapshot the supervisor asks for.
+        ignore = {int(signal.SIGUSR2), int(signal.SIGINT)} - {self.adapter.profile.snapshot_signal}
+        trainer = self.adapter.start(
+            command, self.workdir, echo=sys.stdout, env=env, ignore=sorted(ignore)
+        )
         self.trainer = trainer
         # Who takes this run's snapshot requests: the supervisor (it holds the request until
         # the trainer is up, where a signal would kill it).
@@ -102,7 +108,10 @@ class ExternalLoop:
                 "run": self.head.run,
                 "run_dir": str(self.workdir.resolve()),
                 "snapshot_signal": int(signal.SIGUSR1),
+                # Checked by ``restorepoint snapshot`` before it asks the supervisor: the
+                # request is passed on to this process, which must catch its signal.
                 "trainer_pid": trainer.pid,
+                "trainer_signal": int(self.adapter.profile.snapshot_signal),
             }
         )
         self._worker.start()
@@ -129,9 +138,23 @@ class ExternalLoop:
         return self.trainer is not None and self.trainer.ready.is_set()
 
     def request_snapshot(self) -> None:
-        """A snapshot now if the trainer is up, else as soon as it is."""
+        """A snapshot now if the trainer is up, else as soon as it is (never a signal that
+        the trainer does not catch: see ``TrainerProcess``)."""
         if self.trainer is not None and self.trainer.returncode is None:
             self.trainer.ask_for_snapshot()
+
+    def can_snapshot(self) -> bool:
+        """Whether the trainer takes a snapshot request now (up, and catching the signal)."""
+        return self.trainer is not None and self.trainer.can_snapshot()
+
+    def wait_newest_published(self, deadline: float) -> bool:
+        """The fallback of a trainer that cannot snapshot: wait until the newest committed
+        snapshot seen (a periodic one) is published, up to ``deadline``; True when the store's
+        newest is it (or nothing was ever committed: nothing to wait for)."""
+        newest = self.newest_step()
+        if newest < 0 or self.published_step() >= newest:
+            return newest >= 0
+        return self.wait_published(newest - 1, deadline)
 
     def newest_step(self) -> int:
         snap = self.newest

@@ -5,17 +5,21 @@
 
 1. Resume, if asked: import the restore point through the gate and start the trainer with the
    adapter's resume arguments (a restorepoint.torch run is told where the import lies).
-2. Start the trainer and forward the signals the supervisor gets (TERM, INT, HUP, USR2); a
-   SIGUSR1 is a snapshot request (``restorepoint snapshot``), held until the trainer is up. An
-   external trainer runs in the spot-queue loop (``external.ExternalLoop``): every committed
-   snapshot is published with the run's whole identity, verified, and the local checkpoints
-   cleaned.
+2. Start the trainer. A SIGUSR1 is a snapshot request (``restorepoint snapshot``), held until
+   the trainer is up; SIGHUP is passed on. An external trainer runs in the spot-queue loop
+   (``external.ExternalLoop``): every committed snapshot is published with the run's whole
+   identity, verified, and the local checkpoints cleaned.
 3. Watch for notices. On one, send the snapshot request to every trainer process that has
-   reported itself up (a process without its handler installed would die of SIGUSR1), wait for
+   reported itself up and catches the signal (one that does not would die of it), wait for
    the snapshot and for it to be published in the store, before the notice's deadline; say early
    when that cannot be made, and what is done instead. A stop notice then stops the trainer.
-4. A trainer that exits 42 (resumable) makes the supervisor exit 42 too, once the upload in
-   flight is done, so that the scheduler above it requeues.
+4. The stop contract (docs/preempt.md, "The stop contract"): SIGTERM, SIGINT and SIGUSR2 are a
+   stop, like a stop notice. The state at the stop is snapshotted and published (a trainer
+   that cannot snapshot: its newest periodic checkpoint), the trainer is stopped (SIGTERM,
+   then SIGKILL after ``kill_after_s``), and the supervisor exits 42, also when the publish
+   did not land in time (the store's previous restore point stays the newest; the log says
+   so). A trainer that exits 42 (resumable) makes the supervisor exit 42 too; no signal death
+   code of a stopped trainer is passed on.
 
 Trainers report themselves up by writing ``$RESTOREPOINT_READY_DIR/PID.json`` (ResumableRun does,
 once its handlers are installed). Telemetry is a JSON-lines file of counts and timings: never a
@@ -25,7 +29,6 @@ URL, a path or a credential.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import queue
@@ -42,26 +45,25 @@ from types import FrameType
 from typing import Any
 
 from ..adapters.base import Adapter
-from ..errors import IncompatibleRestorePoint, RestorePointError, UsageError
+from ..errors import RestorePointError, UsageError
 from ..ops import list_store
 from ..ops.gate import Expectations
 from ..ops.publish import HeadSpec, PackOptions
-from ..ops.resume import choose, resume_import, write_head_file
 from ..runtime.contract import (
     EXIT_INCOMPATIBLE,
     EXIT_RESUMABLE,
     READY_ENV,
-    REFUSED_FILE,
     RESUME_DIR_ENV,
-    RESUME_HEAD_ENV,
-    RESUME_URL_ENV,
     SIGNING_KEY_ENV,
     STORE_ENV,
     Ready,
+    SnapshotTarget,
     read_ready,
+    request_snapshot,
 )
-from ..trust import Trust, load_signing_key, trust_policy
+from ..trust import Trust, load_signing_key
 from .external import ExternalLoop
+from .resume import ResumeSteps
 from .telemetry import Telemetry
 from .watchers import Notice, Watcher
 
@@ -77,7 +79,15 @@ __all__ = [
 log = logging.getLogger("restorepoint.preempt")
 
 RESUME_ENV = RESUME_DIR_ENV
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+#: What the supervisor takes as a stop: a VM shutting down or ``scancel`` (TERM), Ctrl-C (INT),
+#: the Slurm template's forwarded time-limit warning (USR2).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+#: Passed on to the trainer as it comes.
+PASSED_ON = (signal.SIGHUP,)
+HANDLED = (*STOP_SIGNALS, *PASSED_ON, signal.SIGUSR1)
+#: Seconds from the SIGTERM that stops the trainer to the SIGKILL if it has not ended: below
+#: Slurm's default KillWait (30 s), so that the escalation is ours, not Slurm's.
+DEFAULT_KILL_AFTER = 25.0
 
 
 def publishes_itself(adapter: Adapter | None) -> bool:
@@ -90,7 +100,7 @@ def publishes_itself(adapter: Adapter | None) -> bool:
 
 
 @dataclass
-class Supervisor:
+class Supervisor(ResumeSteps):
     command: Sequence[str]
     store: str
     adapter: Adapter | None = None
@@ -121,6 +131,8 @@ class Supervisor:
     head: HeadSpec | None = None
     keep_last: int | None = 1
     keep_local: int | None = 1
+    #: seconds from the SIGTERM that stops the trainer to a SIGKILL (``--kill-after``)
+    kill_after_s: float = DEFAULT_KILL_AFTER
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -140,8 +152,19 @@ class Supervisor:
         self._stopping = False
         # A stop notice that came while a snapshot was awaited: handled right after.
         self._deferred: Notice | None = None
-        # We stopped an external trainer after publishing its snapshot: resumable.
-        self._resumable_stop = False
+        # A stop signal received (handled by the main loop, not in the handler) and a
+        # snapshot request (SIGUSR1) waiting to be passed on.
+        self._stop_signal: int | None = None
+        self._snapshot_asked = False
+        # The stop taken (a signal's name or a notice's kind), when the trainer gets SIGKILL
+        # if it has not ended, and whether it did.
+        self._stop_taken: str | None = None
+        self._kill_at: float | None = None
+        self._killed = False
+        # A resume a trainer that gates itself has still to accept: recorded in telemetry
+        # once it did (its ``resumed`` event, or an exit other than 3), never before a refusal.
+        self._pending_resume: dict[str, Any] | None = None
+        self._resume_checked = 0.0
         # The spot-queue loop around an external trainer (made by run_trainer).
         self._loop: ExternalLoop | None = None
 
@@ -157,105 +180,84 @@ class Supervisor:
             return []
         return read_ready(self._ready_dir)
 
-    def _signal_ready(self, signum: int) -> int:
+    def _snapshot_ready(self) -> int:
+        """A snapshot request to each trainer process reported up, through the one request
+        function: a process that does not catch its signal is not sent it."""
+        sent = 0
+        for r in self.ready():
+            try:
+                request_snapshot(SnapshotTarget(r.pid, r.snapshot_signal))
+            except RestorePointError as exc:
+                log.warning("snapshot request not sent: %s", exc)
+                continue
+            sent += 1
+        return sent
+
+    def _stop_ready(self) -> int:
         sent = 0
         for r in self.ready():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(r.pid, signum)
+                os.kill(r.pid, signal.SIGTERM)
                 sent += 1
         return sent
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
+        # Only flags here: the main loop acts on them (a handler that logs, reads /proc or
+        # waits could deadlock the thread it interrupted).
         if signum == signal.SIGUSR1:
-            # A snapshot request (restorepoint snapshot), never a raw SIGUSR1: a trainer that
-            # does not handle it yet would die of it.
-            if self._loop is not None:
-                self._loop.request_snapshot()
-            else:
-                self._signal_ready(signal.SIGUSR1)
+            self._snapshot_asked = True
             return
-        if signum in (signal.SIGTERM, signal.SIGINT):
-            self._stopping = True
+        if signum in STOP_SIGNALS:
+            if self._stop_signal is None:
+                self._stop_signal = signum
+            return
         if self._proc is not None and self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.send_signal(signum)
 
-    # -- resume --------------------------------------------------------------------------------
-
-    def _prepare_resume(self, env: dict[str, str]) -> list[str]:
-        """The one gated import for the trainer: the strict gate against this machine's
-        views (a refusal is exit 3 before the trainer starts), under the trust policy."""
-        command = list(self.command)
-        url = self.resume_from
-        try:
-            if url is None and self.auto_resume:
-                if self.run is None:
-                    return command  # a ResumableRun finds its own run in the store
-                entry = choose(
-                    self.store,
-                    run=self.run,
-                    views=self.views,
-                    defer=self.defer,
-                    accept_older=self.accept_older,
-                    trust=self.trust,
-                    storage_options=self.storage_options,
+    def _ask_snapshot(self) -> None:
+        """A snapshot request (SIGUSR1 to the supervisor, ``restorepoint snapshot``)."""
+        if self._loop is not None:
+            if self._loop.up and not self._loop.can_snapshot():
+                log.warning(
+                    "snapshot request: this trainer does not handle the snapshot signal: "
+                    "not sent (it would kill it)"
                 )
-                if entry is None:
-                    log.warning("no restore point of run %s in the store: starting fresh", self.run)
-                    return command
-                url = entry.url
-            if url is None:
-                return command
-            assert self._ready_dir is not None
-            dest = self._ready_dir / "resume"
-            started = time.perf_counter()
-            result = (
-                resume_import(
-                    url,
-                    dest,
-                    views=self.views if self.gate else (),
-                    defer=self.defer if self.gate else frozenset(),
-                    trust=self.trust,
-                    storage_options=self.storage_options,
-                )
-                if self.gate
-                else _ungated_import(url, dest, self.trust, self.storage_options)
-            )
-        except IncompatibleRestorePoint as exc:
-            self._record_refusal(exc)
-            raise
-        self.telemetry.count(
-            "resumes",
-            step=result.manifest.position.step,
-            seconds=time.perf_counter() - started,
-            bytes=result.bytes,
-        )
-        head = self._ready_dir / "resume.head.json"
-        write_head_file(result.manifest, head)
-        env[RESUME_DIR_ENV] = str(dest)
-        env[RESUME_HEAD_ENV] = str(head)
-        env[RESUME_URL_ENV] = url
-        if self.adapter is not None:
-            command = self.adapter.resume_command(dest, result.manifest, command)
-        return command
+                return
+            self._loop.request_snapshot()
+        else:
+            self._snapshot_ready()
 
-    def _record_refusal(self, exc: RestorePointError) -> None:
-        fields = [str(m.get("field", "")) for m in getattr(exc, "mismatches", ())]
-        self.telemetry.record(
-            "resume_refused", reason=type(exc).__name__, fields=",".join(sorted(set(fields)))
-        )
+    # -- stopping the trainer ----------------------------------------------------------------
 
-    def _trainer_refused(self) -> None:
-        """The trainer ended with exit 3: its own gate refused the restore point handed to it
-        (it wrote the refused field names beside its ready file)."""
-        assert self._ready_dir is not None
-        try:
-            doc = json.loads((self._ready_dir / REFUSED_FILE).read_text())
-            fields = [str(f) for f in doc.get("fields", [])]
-            reason = str(doc.get("class", "IncompatibleRestorePoint"))
-        except (OSError, ValueError, AttributeError):
-            fields, reason = [], "IncompatibleRestorePoint"
-        self.telemetry.record("resume_refused", reason=reason, fields=",".join(sorted(set(fields))))
+    def _stop_trainer(self, deadline: float | None = None) -> None:
+        """SIGTERM to the trainer, and the SIGKILL armed for ``kill_after_s`` later (or the
+        notice's deadline, when that is later)."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.send_signal(signal.SIGTERM)
+        self._arm_kill(deadline)
+
+    def _arm_kill(self, deadline: float | None = None) -> None:
+        if self._kill_at is None:
+            self._kill_at = max(time.time() + self.kill_after_s, deadline or 0.0)
+
+    def _escalate(self) -> None:
+        """SIGKILL to a trainer that outlived its grace after SIGTERM (its whole process
+        group when it runs in a session of its own, as an external trainer does)."""
+        if self._kill_at is None or self._killed or self._proc is None:
+            return
+        if self._proc.poll() is not None or time.time() < self._kill_at:
+            return
+        self._killed = True
+        log.warning("the trainer has not ended %g s after SIGTERM: SIGKILL", self.kill_after_s)
+        self.telemetry.record("killed", seconds=self.kill_after_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self._loop is not None:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            else:
+                self._proc.kill()
 
     # -- notices ---------------------------------------------------------------------------
 
@@ -269,7 +271,8 @@ class Supervisor:
             return set()
 
     def handle(self, notice: Notice) -> bool:  # noqa: PLR0912, PLR0915 - one branch per notice kind and adapter contract (docs/preempt.md)
-        """Act on a notice; True when a restore point was published in time."""
+        """Act on a notice (a stop signal is one too, source ``signal``); True when a restore
+        point was published in time."""
         self.telemetry.count(
             "notices", kind=notice.kind, source=notice.source, seconds_left=notice.seconds_left
         )
@@ -279,19 +282,32 @@ class Supervisor:
             log.info("notice (%s): the trainer is already stopping", notice.detail)
             self.telemetry.record("missed", reason="already-stopping", kind=notice.kind)
             return False
+        stop = notice.kind == "stop"
+        if stop:
+            self._stopping = True
+            self._stop_taken = notice.detail
         ready = self.ready()
         if self._loop is not None and self._loop.up and self._proc is not None:
             # An external trainer writes no ready file: its ready line says it is up.
             ready = [Ready(self._proc.pid, self.run, None)]
         if not ready:
             log.warning(
-                "notice (%s) but no trainer has reported itself up: nothing to snapshot",
+                "notice (%s) but no trainer has reported itself up: nothing to snapshot%s",
                 notice.detail,
+                "; the store's previous restore point stays the newest" if stop else "",
             )
             self.telemetry.record("missed", reason="no-trainer-up", kind=notice.kind)
-            if notice.kind == "stop":
-                self._stopping = True
-                self._terminate()
+            if stop:
+                self._stop_trainer(notice.deadline)
+            return False
+        fallback = self._loop is not None and not self._loop.can_snapshot()
+        if fallback and not stop:
+            log.warning(
+                "notice (%s): this trainer does not handle the snapshot signal: no snapshot "
+                "(its periodic checkpoints are published as they come)",
+                notice.detail,
+            )
+            self.telemetry.record("missed", reason="cannot-snapshot", kind=notice.kind)
             return False
         left = notice.seconds_left
         needed = self._last_publish_s
@@ -307,6 +323,13 @@ class Supervisor:
                 "the store's previous restore point stays the newest",
                 notice.detail, left, why,
             )  # fmt: skip
+        elif fallback:
+            log.warning(
+                "stop (%s): this trainer does not handle the snapshot signal: its newest "
+                "periodic checkpoint (step %d) is published instead, then it is stopped",
+                notice.detail,
+                self._loop.newest_step() if self._loop is not None else -1,
+            )
         else:
             log.info(
                 "notice (%s): snapshot requested, %s s left",
@@ -316,14 +339,18 @@ class Supervisor:
         runs = {r.run for r in ready}
         before = {run: self._store_names(run) for run in runs}
         started = time.perf_counter()
-        self_publishing = self._loop is None
-        if notice.kind == "stop":
-            self._stopping = True
         published_before = -1
         if self._loop is None:
-            signum = signal.SIGTERM if notice.kind == "stop" else signal.SIGUSR1
-            self._signal_ready(signum)
-        else:
+            if not stop:
+                self._snapshot_ready()
+            elif notice.source == "signal":
+                # The trainer's own stop: it snapshots, publishes and exits 42 (SIGTERM for
+                # every stop signal: a plain command dies of SIGUSR2 before anything).
+                self._stop_trainer(notice.deadline)
+            else:
+                self._stop_ready()
+                self._arm_kill(notice.deadline)
+        elif not fallback:
             published_before = self._loop.newest_step()
             self._loop.request_snapshot()
         if notice.deadline:
@@ -334,11 +361,14 @@ class Supervisor:
                 deadline = notice.deadline
         else:
             deadline = time.time() + self.snapshot_timeout_s
-        interruptible = notice.kind == "snapshot"
+        interruptible = not stop
         if self._loop is not None:
             give_way = self._stop_notice_waiting if interruptible else None
-            published = self._loop.wait_published(published_before, deadline, give_way)
-            if published:
+            if fallback:
+                published = self._loop.wait_newest_published(deadline)
+            else:
+                published = self._loop.wait_published(published_before, deadline, give_way)
+            if published and not fallback:
                 self.telemetry.count("snapshots", step=self._loop.published_step())
         else:
             published = self._await_publication(runs, before, deadline, interruptible)
@@ -346,22 +376,45 @@ class Supervisor:
         in_time = published and time.time() <= (notice.deadline or float("inf"))
         if published:
             self._last_publish_s = elapsed
-            self.telemetry.count("uploads", seconds=elapsed, kind=notice.kind)
+            if self._loop is None:
+                # An external trainer's publish is counted by its loop, once.
+                self.telemetry.count("uploads", seconds=elapsed, kind=notice.kind)
             self.telemetry.record(
                 "published",
                 kind=notice.kind,
                 notice_to_published_s=time.time() - notice.received,
                 in_time=in_time,
             )
-        elif self._deferred is not None:
+        elif self._deferred is not None or (interruptible and self._stop_signal is not None):
             self.telemetry.record("missed", reason="superseded-by-stop", kind=notice.kind)
         else:
             self.telemetry.count("upload_failures", kind=notice.kind)
             self.telemetry.record("missed", kind=notice.kind, in_time=False)
-        if notice.kind == "stop" and not self_publishing:
-            self._resumable_stop = published
-            self._terminate()
+        if stop:
+            self._say_stop(notice, published)
+            if self._loop is not None:
+                self._stop_trainer(notice.deadline)
         return in_time
+
+    def _say_stop(self, notice: Notice, published: bool) -> None:
+        if published and self._loop is not None:
+            log.info(
+                "stop (%s): restore point at step %d published; stopping the trainer; exit 42",
+                notice.detail, self._loop.published_step(),
+            )  # fmt: skip
+        elif published:
+            log.info("stop (%s): restore point published; exit 42", notice.detail)
+        elif self._loop is not None and self._loop.newest_step() < 0:
+            log.warning(
+                "stop (%s): the trainer committed no snapshot: nothing published; exit 42",
+                notice.detail,
+            )
+        else:
+            log.warning(
+                "stop (%s): no restore point landed before the deadline: the store's previous "
+                "restore point stays the newest; exit 42",
+                notice.detail,
+            )
 
     def _await_publication(
         self, runs: set[str | None], before: dict[str | None, set[str]], deadline: float,
@@ -378,6 +431,7 @@ class Supervisor:
                 return True
             if interruptible and self._stop_notice_waiting():
                 return False
+            self._escalate()
             if self._proc is not None and self._proc.poll() is not None:
                 # The trainer exited (42 after a stop): its last upload is done or failed.
                 return all(self._store_names(run) - before[run] for run in runs)
@@ -387,6 +441,8 @@ class Supervisor:
     def _stop_notice_waiting(self) -> bool:
         """Take the notices queued meanwhile: a stop notice is kept for right after this wait
         (True); a snapshot notice is covered by the snapshot being awaited."""
+        if self._stop_signal is not None and self._stop_taken is None:
+            return True  # a stop signal: handled by the main loop right after
         if self.watcher is None:
             return False
         while self._deferred is None:
@@ -423,13 +479,9 @@ class Supervisor:
             keep_last=self.keep_last, keep_local=self.keep_local,
         )  # fmt: skip
 
-    def _terminate(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-
     # -- main ------------------------------------------------------------------------------
 
-    def run_trainer(self) -> int:  # noqa: PLR0912, PLR0915 - the supervisor's lifecycle in order: gate, start, watch, publish, exit
+    def run_trainer(self) -> int:
         env = os.environ.copy()
         ready_dir = self._ready_dir = Path(tempfile.mkdtemp(prefix="restorepoint-ready-"))
         env[READY_ENV] = str(ready_dir)
@@ -437,46 +489,33 @@ class Supervisor:
         if self.signing_key is not None:
             env[SIGNING_KEY_ENV] = self.signing_key
         previous: dict[signal.Signals, Any] = {}
+        code: int | None = None
         try:
-            command = self._prepare_resume(env)
-            if self.self_publishing:
-                self._proc = subprocess.Popen(command, env=env)
-            else:
-                self._loop = self._external_loop()
-                self._proc = self._loop.start(command, env).popen
             if threading.current_thread() is threading.main_thread():
-                for signum in FORWARDED:
+                # Before the trainer starts (its exec resets them to the default): a stop
+                # that comes during the resume's import is a stop, not the supervisor's death.
+                for signum in HANDLED:
                     previous[signum] = signal.signal(signum, self._forward)
             else:
                 log.info("not in the main thread: signals are not forwarded to the trainer")
-            if self.watcher is not None:
-                self.watcher.start()
-            while self._proc.poll() is None:
-                if self.watcher is None:
-                    time.sleep(0.2)
-                    continue
-                notice, self._deferred = self._deferred, None
-                if notice is None:
-                    try:
-                        notice = self.watcher.notices.get(timeout=0.2)
-                    except queue.Empty:
-                        continue
-                try:
-                    self.handle(notice)
-                except Exception as exc:  # supervision goes on: the trainer still runs
-                    log.warning("notice (%s) not handled: %s", notice.detail, exc)
-                    self.telemetry.count("upload_failures", kind=notice.kind)
-            code = self._proc.wait()
-            if self._loop is not None and not self._loop.finish(self.snapshot_timeout_s):
-                log.warning("a publish was still running at the end; left to finish")
-            if code == EXIT_INCOMPATIBLE:
-                self._trainer_refused()
+            command = self._prepare_resume(env)
+            if self._stop_signal is not None:
+                log.warning(
+                    "stop (%s) before the trainer started: nothing to snapshot; exit 42",
+                    _signal_name(self._stop_signal),
+                )
+                code = EXIT_RESUMABLE
+            else:
+                code = self._supervise(command, env)
         except BaseException:
             # No orphan: a trainer left running would train on unsupervised after we are gone.
             if self._proc is not None and self._proc.poll() is None:
                 self._proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._proc.wait(self.snapshot_timeout_s)
+                try:
+                    self._proc.wait(self.kill_after_s)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
             raise
         finally:
             if self.watcher is not None:
@@ -486,23 +525,86 @@ class Supervisor:
                     signal.signal(signum, handler)
             shutil.rmtree(ready_dir, ignore_errors=True)
             self._ready_dir = None
-        if self._resumable_stop and code in (-signal.SIGTERM, 128 + signal.SIGTERM):
-            # An external trainer knows nothing of 42; we stopped it after its restore point
-            # was published, so the run can be resumed and the scheduler should requeue it.
-            log.info("trainer stopped after its restore point was published: exit 42")
-            code = EXIT_RESUMABLE
-        elif code < 0:  # killed by a signal: report it the shell way
-            code = 128 - code
         self.telemetry.record("exit", exit_code=code, **self.telemetry.counts)
         return code
 
+    def _supervise(self, command: list[str], env: dict[str, str]) -> int:  # noqa: PLR0912 - the main loop: signals, requests, notices, then the exit code
+        """Start the trainer, act on signals and notices until it ends; its exit code under
+        the stop contract."""
+        if self.self_publishing:
+            # SIGUSR2 and SIGINT (a stop of the supervisor, which stops the trainer with
+            # SIGTERM) also reach the trainer from Slurm or a terminal: ignored from its
+            # start, so that a plain command does not die of them; a ResumableRun or a
+            # Lightning callback installs its own handler over it.
+            # (signal.signal in the child takes no lock a thread of ours could hold.)
+            self._proc = subprocess.Popen(command, env=env, preexec_fn=_ignore_stop_signals)  # noqa: PLW1509
+        else:
+            self._loop = self._external_loop()
+            self._proc = self._loop.start(command, env).popen
+        if self.watcher is not None:
+            self.watcher.start()
+        while self._proc.poll() is None:
+            self._escalate()
+            notice: Notice | None = None
+            if self._stop_signal is not None and self._stop_taken is None:
+                name = _signal_name(self._stop_signal)
+                notice = Notice("stop", "signal", time.time(), None, name)
+            elif self._snapshot_asked:
+                self._snapshot_asked = False
+                self._ask_snapshot()
+                continue
+            else:
+                self._check_resumed()
+                notice, self._deferred = self._deferred, None
+            if notice is None:
+                if self.watcher is None:
+                    time.sleep(0.1)
+                    continue
+                try:
+                    notice = self.watcher.notices.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+            try:
+                self.handle(notice)
+            except Exception as exc:  # supervision goes on: the trainer still runs
+                log.warning("notice (%s) not handled: %s", notice.detail, exc)
+                self.telemetry.count("upload_failures", kind=notice.kind)
+                if notice.kind == "stop":
+                    self._stop_trainer(notice.deadline)
+        code = self._proc.wait()
+        if self._stop_taken is None and self._stop_signal is not None:
+            # The trainer ended before the stop was acted on (Slurm signals the whole step).
+            self._stop_taken = _signal_name(self._stop_signal)
+            log.warning(
+                "stop (%s): the trainer ended before its snapshot was asked for: the store's "
+                "newest restore point stays what it was; exit 42",
+                self._stop_taken,
+            )
+        if self._loop is not None and not self._loop.finish(self.snapshot_timeout_s):
+            log.warning("a publish was still running at the end; left to finish")
+        if code == EXIT_INCOMPATIBLE:
+            self._trainer_refused()
+        else:
+            self._record_resumed()
+        died = code < 0 or 128 < code <= 128 + signal.SIGRTMAX
+        if self._stop_taken is not None and (died or self._killed):
+            # The stop contract: a trainer we stopped ends the run resumably, whatever
+            # signal it died of; the scheduler requeues on 42 and never sees 128 + N.
+            log.info(
+                "the trainer ended by the stop (%s): exit 42",
+                "SIGKILL" if self._killed else _signal_name(-code if code < 0 else code - 128),
+            )
+            return EXIT_RESUMABLE
+        return 128 - code if code < 0 else code  # killed by a signal: the shell way
 
-def _ungated_import(
-    url: str, dest: Path, trust: Trust | None, storage_options: dict[str, Any] | None
-) -> Any:
-    """``--no-gate --force``: forensics. Integrity and the trust policy still hold."""
-    from ..ops import import_restore_point
 
-    return import_restore_point(
-        url, dest, trust=trust_policy(trust), storage_options=storage_options
-    )
+def _ignore_stop_signals() -> None:
+    for signum in (signal.SIGUSR2, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -3,6 +3,7 @@
     python -m restorepoint.testing.fake_lichtfeld --headless -d DATA -o OUT [-i ITERATIONS]
         [--eval] [--eval-steps N]... [--save-steps A,B,...] [--steps-scaler F]
         [--resume CHECKPOINT] [--export=FORMATS] [--log-file FILE] [--step-delay S]
+        [--unpatched]
     python -m restorepoint.testing.fake_lichtfeld --version
 
 It behaves like the real binary as far as docs/adapters.md records what is known of it: the
@@ -105,6 +106,8 @@ class Params:
     exports: list[str]
     step_delay: float
     progress_every: int
+    #: the upstream binary, without the snapshot patch: no handler for the snapshot signal
+    unpatched: bool = False
 
 
 @dataclass
@@ -242,7 +245,8 @@ class Trainer:
         self.worker.start()
         # Wired only now, as in the patched trainer (a snapshot needs a running training
         # loop), and before the line that tells a watcher the trainer is up.
-        signal.signal(d.snapshot_signal, self._on_snapshot_signal)
+        if not p.unpatched:
+            signal.signal(d.snapshot_signal, self._on_snapshot_signal)
         if d.name == "other":
             d.log("ready: accepting snapshot requests")
         else:
@@ -271,7 +275,8 @@ class Trainer:
             if d.name != "other" and (it % p.progress_every == 0 or it in (first, p.iterations)):
                 self._progress(it)
             it += 1
-        signal.signal(d.snapshot_signal, signal.SIG_IGN)
+        if not p.unpatched:
+            signal.signal(d.snapshot_signal, signal.SIG_IGN)
         self.finished.set()
         self.snapshot_requested.set()
         if stopped or self.stop_requested:
@@ -363,6 +368,9 @@ def _lichtfeld_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file")
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--progress-every", type=int, default=100)
+    # Not a flag of the real binary: the test double acting as the upstream binary without
+    # the snapshot patch (its ready line, its --save-steps, no SIGUSR1 handler).
+    p.add_argument("--unpatched", action="store_true")
     return p
 
 
@@ -453,6 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911, PLR0912, P
         exports=exports,
         step_delay=ns.step_delay,
         progress_every=max(1, getattr(ns, "progress_every", 100)),
+        unpatched=bool(getattr(ns, "unpatched", False)),
     )
     params.output.mkdir(parents=True, exist_ok=True)
     log_file = getattr(ns, "log_file", None)

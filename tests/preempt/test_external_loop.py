@@ -238,7 +238,7 @@ def test_a_stop_notice_publishes_in_time_and_exits_42(
         periodic = events(out, "uploaded")[-1]["step"]
         deadline = aws.arm_instance_action("terminate", seconds=60)
         assert run.wait() == 42, run.stderr
-    assert "trainer stopped after its restore point was published: exit 42" in run.stderr
+    assert "published; stopping the trainer; exit 42" in run.stderr
     (newest,) = list_store(store, run=RUN, storage_options=s3.options)
     # The stop's snapshot, newer than the periodic one before it, published in time.
     assert newest.step > periodic

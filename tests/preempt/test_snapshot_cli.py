@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -57,12 +56,11 @@ def test_no_trainer_json_is_exit_4(tmp_path: Path) -> None:
         assert "no running trainer reported in this run directory" in one_error_line(proc)
 
 
-def write_record(run_dir: Path, pid: int, age_s: float = 0.0) -> None:
-    record = run_dir / "trainer.json"
-    record.write_text(json.dumps({"pid": pid, "snapshot_signal": int(signal.SIGUSR1)}))
-    if age_s:
-        then = time.time() - age_s
-        os.utime(record, (then, then))
+def write_record(run_dir: Path, pid: int, start_time: int | None = None) -> None:
+    doc = {"pid": pid, "snapshot_signal": int(signal.SIGUSR1)}
+    if start_time is not None:
+        doc["start_time"] = start_time
+    (run_dir / "trainer.json").write_text(json.dumps(doc))
 
 
 def test_dead_pid_is_exit_4(tmp_path: Path) -> None:
@@ -80,14 +78,23 @@ def test_dead_pid_is_exit_4(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to tell")
 def test_pid_reused_since_trainer_json_is_exit_4_and_not_signalled(tmp_path: Path) -> None:
-    """A stale trainer.json (its trainer was killed) whose pid is another process's now: that
-    process, started long after the record was written, must not get SIGUSR1 (it would die)."""
+    """A stale trainer.json (its trainer was killed) whose pid is another process's now (its
+    start time differs from the one recorded): that process must not get SIGUSR1 (it would
+    die of it)."""
+    from restorepoint._posix import process_start_time
+
     other = subprocess.Popen(["sleep", "60"])
     try:
-        write_record(tmp_path, other.pid, age_s=3600)
+        started = process_start_time(other.pid)
+        assert started is not None
+        write_record(tmp_path, other.pid, started - 100)
         proc = cli("snapshot", str(tmp_path))
         assert proc.returncode == 4
         assert "another process's now" in one_error_line(proc)
+        write_record(tmp_path, other.pid)  # no start time: cannot tell
+        proc = cli("snapshot", str(tmp_path))
+        assert proc.returncode == 4
+        assert "records no start time" in one_error_line(proc)
         assert other.poll() is None
     finally:
         other.kill()

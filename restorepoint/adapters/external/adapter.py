@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..._posix import fsync_dir
-from ...errors import UsageError
+from ...errors import NotFound, UsageError
 from ...format import Manifest, Position, Trainer
 from ...format.identity import config_identity
 from ...ops.gate import Expectations
 from ...ops.local_view import cache_root_from_env, data_digest
-from ..base import Snapshot, TrainerInfo, send_signal
+from ..base import Snapshot, TrainerInfo
 from .log import ANSI, parse_log
-from .process import Disposition, TrainerProcess, complete, signal_disposition
+from .process import TrainerProcess, complete
 from .profile import Profile, builtin_profiles, load_profile, render
 from .steps import MAX_SNAPSHOT_STEPS, check_every, lround, scaled
 
@@ -373,7 +373,7 @@ class ExternalAdapter:
             raise UsageError(f"{self.profile.name}: {flag} {value!r} is not finite")
         return scaler
 
-    def start(
+    def start(  # noqa: PLR0913 - the command, where it runs, its output and its signals
         self,
         command: Sequence[str],
         workdir: str | os.PathLike[str] | None = None,
@@ -381,9 +381,12 @@ class ExternalAdapter:
         log: str | os.PathLike[str] | None = None,
         echo: IO[str] | None = None,
         env: Mapping[str, str] | None = None,
+        ignore: Sequence[int] = (),
     ) -> TrainerProcess:
         """Start the trainer; its output goes to ``log`` (default: the profile's first log
-        file in ``workdir``) and is read for its readiness and its snapshots."""
+        file in ``workdir``) and is read for its readiness and its snapshots. The ``ignore``
+        signals are ignored in the trainer's process from its start (the trainer may still
+        install a handler of its own)."""
         root = Path(workdir) if workdir is not None else self.project
         if root is None:
             raise UsageError(f"{self.profile.name}: start needs a workdir (or project=)")
@@ -392,7 +395,9 @@ class ExternalAdapter:
             if not self.log_files or any(ch in self.log_files[0] for ch in "*?["):
                 raise UsageError(f"{self.profile.name}: no log file to write; pass log=")
             log = root / self.log_files[0]
-        proc = TrainerProcess(self, list(command), root, Path(log), echo=echo, env=env)
+        proc = TrainerProcess(
+            self, list(command), root, Path(log), echo=echo, env=env, ignore=ignore
+        )
         self._started[proc.pid] = proc
         proc.on_exit = self._forget
         return proc
@@ -436,19 +441,15 @@ class ExternalAdapter:
         if ours is not None:
             ours.request_snapshot()
             return
-        state = signal_disposition(pid, p.snapshot_signal)
-        if state is Disposition.GONE:
-            raise UsageError(f"no trainer process {pid}")
-        if state is Disposition.DEFAULT:
-            raise UsageError(
-                f"trainer {pid} has not reported itself up: it does not handle {p.signal_name} "
-                "yet, and the signal would kill it"
-            )
-        if state is Disposition.IGNORED:
-            raise UsageError(
-                f"trainer {pid} ignores {p.signal_name}: it takes no snapshot requests now"
-            )
-        send_signal(pid, p.snapshot_signal)
+        # The one way a snapshot request is sent (runtime.contract): alive, this user's, and
+        # catching the signal in /proc (an uncaught SIGUSR1 kills), or nothing is sent.
+        from ...runtime.contract import SnapshotTarget, request_snapshot
+
+        sig = p.snapshot_signal
+        try:
+            request_snapshot(SnapshotTarget(pid, sig, allowed=frozenset({sig})))
+        except NotFound as exc:
+            raise UsageError(f"no trainer process {pid}: {exc.message}") from None
 
     def snapshot_dir(self, workdir: Path) -> Path:
         """Where the trainer writes its snapshots under the project directory ``workdir``."""

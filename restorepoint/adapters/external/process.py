@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import logging
 import os
 import queue
 import re
@@ -12,18 +13,20 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any, Protocol
 
 from ..._posix import Disposition, signal_disposition
-from ...errors import UsageError
-from ..base import Snapshot, send_signal
+from ...errors import RestorePointError, UsageError
+from ..base import Snapshot
 from .log import ANSI, parse_log
 from .profile import Profile
 
 __all__ = ["Disposition", "SnapshotFiles", "TrainerProcess", "complete", "signal_disposition"]
+
+_logger = logging.getLogger("restorepoint.adapters")
 
 
 class SnapshotFiles(Protocol):
@@ -47,6 +50,16 @@ def complete(path: Path) -> bool:
     return path.is_file() and st.st_size > 0
 
 
+def _ignoring(signals: tuple[int, ...]) -> Callable[[], None]:
+    """Run in the child between fork and exec: an ignored signal stays ignored across exec."""
+
+    def ignore() -> None:
+        for signum in signals:
+            signal.signal(signum, signal.SIG_IGN)
+
+    return ignore
+
+
 class TrainerProcess:
     """A trainer subprocess started by an adapter: its output is copied to the log (and to
     ``echo``) by a reader thread, which watches it for the ready line and for snapshot
@@ -62,6 +75,7 @@ class TrainerProcess:
         *,
         echo: IO[str] | None = None,
         env: Mapping[str, str] | None = None,
+        ignore: Sequence[int] = (),
     ) -> None:
         self.files = files
         self.profile = files.profile
@@ -89,6 +103,9 @@ class TrainerProcess:
                 stderr=subprocess.STDOUT,
                 env=dict(env) if env is not None else None,
                 start_new_session=True,
+                # signal.signal takes no lock: nothing a thread of ours holds at the fork
+                # can stall the child.
+                preexec_fn=_ignoring(tuple(ignore)) if ignore else None,  # noqa: PLW1509
             )
         except OSError as exc:
             self._log.close()
@@ -167,8 +184,9 @@ class TrainerProcess:
         return True
 
     def request_snapshot(self) -> None:
-        """Send the snapshot signal; refused (UsageError) before the trainer is up, when the
-        signal would kill it."""
+        """Send the snapshot signal; refused (UsageError) before the trainer is up, or when
+        /proc says it does not catch the signal (an upstream binary without the snapshot
+        patch): the signal would kill it."""
         if self.popen.poll() is not None:
             raise UsageError(f"no trainer process {self.pid} (it exited {self.popen.returncode})")
         if not self.ready.is_set():
@@ -176,13 +194,32 @@ class TrainerProcess:
                 f"trainer {self.pid} has not reported itself up yet; "
                 f"{self.profile.signal_name} now would kill it"
             )
-        send_signal(self.pid, self.profile.snapshot_signal)
+        self._send_request()
+
+    def _send_request(self) -> None:
+        # The one way a snapshot request is sent (runtime.contract): the SigCgt check, on the
+        # very process signalled.
+        from ...runtime.contract import SnapshotTarget, request_snapshot
+
+        sig = self.profile.snapshot_signal
+        request_snapshot(SnapshotTarget(self.pid, sig, allowed=frozenset({sig})))
+
+    def can_snapshot(self) -> bool:
+        """Whether the trainer takes snapshot requests now: up, and catching the signal."""
+        return (
+            self.ready.is_set()
+            and self.popen.poll() is None
+            and signal_disposition(self.pid, self.profile.snapshot_signal) is Disposition.CAUGHT
+        )
 
     def _deliver_pending(self) -> None:
         if self._pending:
             self._pending = False
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, self.profile.snapshot_signal)
+            try:
+                self._send_request()
+            except RestorePointError as exc:
+                # Never a signal it would die of: the request is dropped, training goes on.
+                _logger.warning("snapshot request not sent: %s", exc)
 
     def send(self, signum: int) -> None:
         """Send any signal now (a stop signal is never held back)."""

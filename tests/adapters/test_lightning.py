@@ -557,9 +557,7 @@ def test_resume_checkpoint_imports_the_newest_restore_point_of_the_run(tmp_path:
 
     other = tmp_path / "c"
     with pytest.raises(IncompatibleRestorePoint):
-        resume_checkpoint(
-            other, store, run=callback.run, config={"lr": 0.1}, exit_on_refusal=False
-        )
+        resume_checkpoint(other, store, run=callback.run, config={"lr": 0.1}, exit_on_refusal=False)
     assert not other.exists() or list(other.iterdir()) == []
 
 

@@ -233,7 +233,9 @@ class Supervisor:
         write_head_file(result.manifest, head)
         env[RESUME_DIR_ENV] = str(dest)
         env[RESUME_HEAD_ENV] = str(head)
-        if self.adapter is not None:
+        if self.adapter is not None and not self.self_publishing:
+            # A trainer that publishes itself finds the import through the environment (a
+            # Lightning job's resume_checkpoint, a ResumableRun): its command stays as given.
             command = self.adapter.resume_command(dest, result.manifest, command)
         return command
 

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -45,13 +46,20 @@ class Job:
             env={**os.environ, **(env or {})},
         )
         self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._err: list[str] = []
+        # Both pipes read by threads of their own (communicate would race the stdout reader).
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self._err), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+    @staticmethod
+    def _read(pipe: IO[str] | None, into: list[str]) -> None:
+        assert pipe is not None
+        for line in pipe:
+            into.append(line.rstrip("\n"))
 
     @property
     def steps(self) -> list[int]:
@@ -67,12 +75,16 @@ class Job:
 
     def finish(self, timeout: float = 120) -> tuple[int, str]:
         try:
-            _, err = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
-        self._reader.join(5)
-        return self.proc.returncode, err
+            self.proc.wait()
+        for reader in self._readers:
+            reader.join(10)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        return self.proc.returncode, "\n".join(self._err)
 
 
 def job(ckpt: Path, *options: str) -> list[str]:
@@ -172,4 +184,13 @@ def test_restorepoint_run_adapter_lightning_passes_the_stop_on(tmp_path: Path) -
     assert code == 42, err
     stopped_at = ckpt_step(ckpt / "last.ckpt")
     assert STOPPED.format("SIGTERM", stopped_at) in err
-    assert newest(store)[0] == stopped_at
+    step, url = newest(store)
+    assert step == stopped_at
+
+    # --resume-from: the supervisor imports, the job gates the import with the head handed
+    # over and resumes from it (its command as given), in a directory of its own.
+    command = [*command[: command.index("--")], "--resume-from", url, "--", *job(tmp_path / "b")]
+    code, err = (resumed := Job(command)).finish()
+    assert code == 0, err
+    assert resumed.steps[0] == stopped_at + 1
+    assert resumed.lines[-1] == f"done {TOTAL}"

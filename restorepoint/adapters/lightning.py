@@ -260,9 +260,7 @@ class PreemptionCallback(pl.Callback):
         ):
             # Lightning's own SIGTERM exit, at a boundary it reached before any of ours: the
             # step is done, so the state is whole. The same ending, then: saved, exit 42.
-            self._stop_signum = None
-            self.preserve(trainer)
-            self._record("stopped", signal="SIGTERM", step=int(trainer.global_step))
+            self._finish_stop(trainer)
             exception.code = EXIT_RESUMABLE
         self._in_step = self._armed = False
         self._report_down()
@@ -330,9 +328,14 @@ class PreemptionCallback(pl.Callback):
             return
         if not self._installed:
             # Put back after fit ended (Lightning's teardown restores what it found): behave
-            # as the previous handler, and make it the handler again.
+            # as the previous handler, and make it the handler again. Python's SIGINT handler
+            # raises KeyboardInterrupt; SIG_DFL's action is taken by sending the signal again.
             self._restore()
-            self._chain(signum, frame)
+            previous = self._previous.get(signum)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous in (signals.SIG_DFL, None):
+                os.kill(os.getpid(), signum)
             return
         if signum in self._stops:
             # Only a flag: the stop is acted on at the next boundary, where the state is whole.
@@ -378,6 +381,10 @@ class PreemptionCallback(pl.Callback):
         """The stop contract's ending: the state at the stop saved, published and verified
         (when a store is configured), the Trainer stopped, exit 42. When the publish fails,
         the store's previous restore point stays the newest; the exit is 42 all the same."""
+        self._finish_stop(trainer, save=save)
+        raise Stopped
+
+    def _finish_stop(self, trainer: pl.Trainer, *, save: bool = True) -> None:
         signum = self._stop_signum if self._stop_signum is not None else self.signum
         self._stop_signum = None
         step = int(trainer.global_step)
@@ -409,7 +416,6 @@ class PreemptionCallback(pl.Callback):
                 flush=True,
             )
         self._armed = False
-        raise Stopped
 
     def _report_ready(self) -> None:
         """Under ``restorepoint run``: report this process up, so that the supervisor's

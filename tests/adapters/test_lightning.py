@@ -172,7 +172,8 @@ def _one_thread_and_clean_signals(monkeypatch: pytest.MonkeyPatch) -> Iterator[N
     monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    signums = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in signums}
     yield
     torch.set_num_threads(threads)
     for signum, handler in before.items():
@@ -239,6 +240,28 @@ def test_with_stop_off_sig_dfl_is_restored_and_training_goes_on(tmp_path: Path) 
     assert seen == [callback._on_signal]
     assert ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 2
     assert signal.getsignal(USR2) == signal.SIG_DFL
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_sigterm_and_sigint_stop_at_the_next_step_end(tmp_path: Path, signum: int) -> None:
+    """No earlier handler (SIGINT's is Python's own, which only raises KeyboardInterrupt):
+    the signal sent after step 3's end is acted on at step 4's; the handlers are put back."""
+    callback = PreemptionCallback(tmp_path / "ckpt")
+    with pytest.raises(SystemExit) as info:
+        trainer_for(tmp_path, 1, callback, SignalAt(step=3, signum=signum)).fit(Regression())
+    assert info.value.code == 42
+    # SIGTERM: Lightning's own SIGTERM exit comes first, at the end of step 3 (after the
+    # callbacks' hooks); the callback saves there and makes it exit 42. SIGINT: step 4's end.
+    step = 3 if signum == signal.SIGTERM else 4
+    assert isinstance(info.value, Stopped) == (signum == signal.SIGINT)
+    assert ckpt_step(tmp_path / "ckpt" / "last.ckpt") == step
+    (stopped,) = [e for e in callback.events if e["event"] == "stopped"]
+    assert (stopped["signal"], stopped["step"]) == (signal.Signals(signum).name, step)
+    if signum == signal.SIGINT:
+        # fit failed: Lightning put the handler it found (ours) back; it acts as Python's own.
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_stopping_handler_leaves_the_loop_and_is_restored(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import torch
 from clirun import cli
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from restorepoint import IncompatibleRestorePoint, UsageError, list_store, read_manifest
@@ -262,6 +263,22 @@ def test_sigterm_and_sigint_stop_at_the_next_step_end(tmp_path: Path, signum: in
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_owned_sigterm_is_saved_and_chained_and_lightning_ends_fit(tmp_path: Path) -> None:
+    """submitit's SIGTERM handler (it only logs), stood in for: the callback saves and chains;
+    Lightning's own SIGTERM exit then ends fit, not the callback's 42."""
+    ckpt = tmp_path / "ckpt"
+    previous = Previous(ckpt)
+    signal.signal(signal.SIGTERM, previous)
+    callback = PreemptionCallback(ckpt)
+    with pytest.raises(SIGTERMException) as info:
+        trainer_for(tmp_path, 1, callback, SignalAt(step=3, signum=signal.SIGTERM)).fit(
+            Regression()
+        )
+    assert info.value.code != 42
+    assert previous.calls == [{"signum": signal.SIGTERM, "step": 3, "partial": False}]
+    assert [e["event"] for e in callback.events] == ["saved"]
 
 
 def test_a_stopping_handler_leaves_the_loop_and_is_restored(tmp_path: Path) -> None:

@@ -293,6 +293,13 @@ def _resume_views(
         from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
 
         detected = Expectations(terms=torch_terms(), sources={"terms": TORCH_TERMS_SOURCE})
+        if adapter is not None:
+            # A trainer adapter that publishes itself (lightning) detects its terms beyond
+            # torch's: a restore point of that trainer records them.
+            own = adapter.local_view(cache_root=cache_root)
+            detected = Expectations(
+                terms=own.terms, sources={"terms": own.source("terms") or TORCH_TERMS_SOURCE}
+            )
         views[0] = detected.merged(views[0])
     except ImportError:
         pass  # no torch here: the trainer compares its terms itself

@@ -1,4 +1,4 @@
-"""PyTorch Lightning: a preemption callback, resuming, and the adapter (docs/adapters.md,
+"""PyTorch Lightning: a stop callback, resuming, and the adapter (docs/adapters.md,
 "Lightning").
 
     trainer = pl.Trainer(plugins=[SLURMEnvironment(auto_requeue=False)],
@@ -6,18 +6,22 @@
                                                        config=cfg),
                                     ModelCheckpoint(ckpt_dir, save_last=True)])
     trainer.fit(model, ckpt_path=resume_checkpoint(ckpt_dir, store="s3://bucket/runs/",
-                                                   config=cfg))
+                                                   config=cfg), weights_only=True)
 
-- On the preemption signal (``$SUBMITIT_PREEMPT_SIGNAL``, SIGUSR2 when unset) the callback
-  saves ``last.ckpt`` (a temporary ``last.ckpt.preempt``, fsync, rename, fsync of the
-  directory), packs it into the store when one is configured, then calls the handler installed
-  before it (submitit's requeue). Its own failures are logged and recorded, never raised: the
-  requeue must run whatever happened to the save.
+- A **stop** (SIGTERM, SIGINT, or the preemption signal: ``$SUBMITIT_PREEMPT_SIGNAL``,
+  SIGUSR2 when unset) that no earlier handler owns is acted on at the next step boundary:
+  ``last.ckpt`` is saved (a temporary ``last.ckpt.preempt``, fsync, rename, fsync of the
+  directory), published into the store and verified when one is configured, the Trainer
+  stopped, and the process ends with exit 42 (``stop=False``: the old behaviour, a save and
+  training goes on). A signal an earlier handler owns (submitit's requeue) is a save and
+  then a call to that handler, which ends the job its own way.
+- SIGUSR1 (with no earlier handler) is a snapshot request: a save and a publish, and
+  training goes on.
 - Every ``ModelCheckpoint(save_last=...)`` writing to the same directory is pointed at that
   ``last.ckpt`` first; otherwise its version counter would write every later save to
   ``last-v1.ckpt`` while the next job resumes the stale ``last.ckpt``.
-- ``resume_checkpoint`` is what ``trainer.fit(ckpt_path=...)`` resumes from: ``last.ckpt``, or
-  the store's newest restore point of the run imported through the gate, or None (fresh).
+- Every checkpoint Lightning writes carries the callback's identity record: a local
+  ``last.ckpt`` is gated with it as a store import is (``resume_checkpoint``).
 """
 
 from __future__ import annotations
@@ -25,27 +29,36 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
-import shutil
 import signal as signals
+import sys
 import threading
-import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from .._posix import fsync_dir, fsync_file
+from .._text import printable
 from ..errors import MissingExtra, RestorePointError, UsageError
-from ..format import Manifest, Position, Trainer
-from ..ops import Expectations, describe
-from ..ops.local_view import DATA_KEY, cache_root_from_env, data_digest
+from ..format import Manifest, Position
+from ..ops import Expectations, entry_name, verify
+from ..ops.local_view import DATA_KEY, data_digest
 from ..ops.publish import HeadSpec, PackOptions, publish
-from ..ops.resume import choose, resume_import
-from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
-from ..runtime.safe_load import check_loadable, safe_load
-from ..trust import Trust
+from ..runtime.contract import EXIT_RESUMABLE, report_ready
+from ..runtime.safe_load import safe_load
+from ..runtime.signals import signal_name
+from ._lightning_resume import (
+    IDENTITY_KEY,
+    LAST,
+    LIGHTNING_HINTS,
+    identity_record,
+    local_view,
+    resume_checkpoint,
+    run_id,
+    store_from_env,
+    trainer_info,
+)
 from .base import Snapshot, TrainerInfo, preempt_signal, send_signal
 
 try:
@@ -53,106 +66,89 @@ try:
 
     try:
         import lightning.pytorch as pl
-        from lightning import __version__ as _LIGHTNING_VERSION
         from lightning.pytorch.callbacks import ModelCheckpoint
     except ImportError:  # pragma: no cover - the standalone package only
         import pytorch_lightning as pl  # type: ignore[no-redef]
-        from pytorch_lightning import __version__ as _LIGHTNING_VERSION  # type: ignore[attr-defined]
         from pytorch_lightning.callbacks import ModelCheckpoint  # type: ignore[assignment]
 except ImportError as exc:  # pragma: no cover - exercised without lightning
     raise MissingExtra("lightning", "lightning", "the lightning adapter") from exc
 
 __all__ = [
     "LAST",
+    "LIGHTNING_HINTS",
     "LightningAdapter",
     "PreemptionCallback",
+    "Stopped",
     "preempt_signal",
     "resume_checkpoint",
 ]
 
 log = logging.getLogger("restorepoint.lightning")
 
-#: The checkpoint a preempted job leaves and a requeued one resumes from.
-LAST = "last.ckpt"
 _PARTIAL = LAST + ".preempt"
+#: The snapshot request of the stop contract (docs/preempt.md): save, publish, train on.
+SNAPSHOT_SIGNAL = int(signals.SIGUSR1)
+_STOP_SIGNALS = (int(signals.SIGTERM), int(signals.SIGINT))
+
+# Kept under their old names: tests and users imported them from here.
+_trainer_info = trainer_info
+_local_view = local_view
+_run_id = run_id
 
 
-def _trainer_info() -> TrainerInfo:
-    lightning = str(_LIGHTNING_VERSION)
-    return TrainerInfo("lightning", lightning, {**torch_terms(), "lightning": lightning})
+class Stopped(SystemExit):
+    """The end of a stop: ``last.ckpt`` saved (and published), the Trainer stopped. It leaves
+    ``trainer.fit`` as Lightning's own SIGTERM exit does, and ends the process with 42."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_RESUMABLE)
 
 
-def _local_view(
-    config: Mapping[str, Any] | None,
-    cache_keys: Mapping[str, str] | None,
-    cache_root: str | None,
-    terms: Mapping[str, str] | None = None,
-) -> Expectations:
-    """What a Lightning run here expects of a restore point: the installed Lightning (its
-    name and version), the terms detected here and those given, the cache root and cache keys
-    it packs with (none unless given), and its config."""
-    info = _trainer_info()
-    root = cache_root if cache_root is not None else cache_root_from_env()
-    values: dict[str, Any] = {
-        "trainer": Trainer(info.name, info.version),
-        "terms": {**info.terms, **dict(terms or {})},
-        "cache_keys": dict(cache_keys or {}),
-        "cache_root": root,
-    }
-    sources = {
-        "trainer": "detected: the installed lightning",
-        "terms": f"{TORCH_TERMS_SOURCE}, lightning" + (", terms=" if terms else ""),
-        "cache_keys": "cache_keys=" if cache_keys else "cache_keys= (none given)",
-        "cache_root": "cache_root="
-        if cache_root is not None
-        else ("RESTOREPOINT_CACHE_ROOT" if root is not None else "cache_root= (none given)"),
-    }
-    if config is not None:
-        values["config"] = dict(config)
-        sources["config"] = "config="
-    return Expectations(**values, sources=sources)
-
-
-def _run_id(run: str | None, config: Mapping[str, Any] | None, operational: Iterable[str]) -> str:
-    """The run a restore point is packed under, as pack derives it (``cfg-`` and the config
-    identity when only a config is given); describe validates both on the way."""
-    head = describe(position=0, config=config, operational_keys=operational, run=run)
-    if head.run is None:
-        raise UsageError("a store needs a run: give run= or config=")
-    return head.run
+def _owned(handler: Any) -> bool:
+    """Whether an earlier handler owns a signal (submitit's, a user's): a Python callable
+    other than Python's own SIGINT handler (which would only raise KeyboardInterrupt)."""
+    return callable(handler) and handler is not signals.default_int_handler
 
 
 class PreemptionCallback(pl.Callback):
-    """Save ``DIRPATH/last.ckpt`` on the preemption signal, then chain to the handler that was
-    there before (submitit's requeue).
+    """On a stop (SIGTERM, SIGINT, the preemption signal) that no earlier handler owns: save
+    ``DIRPATH/last.ckpt`` at the next step boundary, publish and verify it, stop the Trainer
+    and end the process with exit 42 (``Stopped``). On a signal an earlier handler owns
+    (submitit's requeue): save, then call that handler. On SIGUSR1 with no earlier handler: a
+    snapshot (save, publish), and training goes on.
 
-    The handler is installed when fit sets up (``setup``), before the DataLoader workers are
-    forked, so that they inherit it and ignore the signal (submitit's handler, inherited,
-    would requeue from a worker). It saves only once training has started
-    (``on_train_start``): before the first step there is nothing newer than what was resumed,
-    and a save while Lightning restores a checkpoint would replace a good last.ckpt with a
-    half-restored state; until then the signal goes straight to the previous handler. The
-    callback's teardown restores the previous handler. When fit fails, the callbacks'
+    The handlers are installed when fit sets up (``setup``), before the DataLoader workers
+    are forked, so that they inherit them and ignore the signals (submitit's handler,
+    inherited, would requeue from a worker). Saves start once training has started
+    (``on_train_start``): before the first step there is nothing newer than what was
+    resumed, and a save while Lightning restores a checkpoint would replace a good last.ckpt
+    with a half-restored state. Until then a chained signal goes straight to the previous
+    handler, and a stop ends the process (42) as soon as training starts, without a save.
+    The callback's teardown restores the previous handlers. When fit fails, the callbacks'
     teardown does not run and Lightning's own signal teardown puts back the handlers it found
     (ours among them): our handler then hands every signal to the previous one and puts it
     back.
 
-    A signal that arrives during a training step (between ``on_train_batch_start`` and
-    ``on_train_batch_end``) is acted on at the end of that step, where Lightning's own
-    mid-epoch checkpoints are taken: a save in the middle of ``optimizer.step()`` would hold
-    half-updated weights. With several processes every signal waits for a step's end, where
-    the ranks agree, so that all of them save at the same step.
+    A chained or snapshot signal that arrives during a training step (between
+    ``on_train_batch_start`` and ``on_train_batch_end``) is acted on at the end of that step,
+    where Lightning's own mid-epoch checkpoints are taken: a save in the middle of
+    ``optimizer.step()`` would hold half-updated weights. A stop always waits for a boundary
+    (a training step's end, a validation batch's end, an epoch's end, the end of training):
+    the handler only sets a flag. With several processes every signal waits for a training
+    step's end, where the ranks agree, so that all of them save at the same step.
 
-    ``store``, ``run``/``config``, ``operational``, ``keep_last`` and ``pack_options`` (the
-    fields of ``PackOptions``: ``level``, ``storage_options``, ``sign``, ...)
-    configure the restore point packed after each save. ``events`` records what each signal
-    did (``saved``, ``save_failed``, ``packed``, ``pack_failed``)."""
+    ``store`` (else ``$RESTOREPOINT_STORE`` when ``run`` or ``config`` names the run),
+    ``run``/``config``, ``operational``, ``keep_last`` and ``pack_options`` (the fields of
+    ``PackOptions``: ``level``, ``storage_options``, ``sign``, ...) configure the restore
+    point published after each save. ``events`` records what each signal did (``saved``,
+    ``save_failed``, ``packed``, ``pack_failed``, ``stopped``)."""
 
     def __init__(  # noqa: PLR0913 - the callback's documented keyword options
         self,
         dirpath: str | os.PathLike[str],
         *,
         signal: str | int | None = None,
+        stop: bool = True,
         store: str | None = None,
         run: str | None = None,
         config: Mapping[str, Any] | None = None,
@@ -166,37 +162,47 @@ class PreemptionCallback(pl.Callback):
         super().__init__()
         self.dirpath = Path(dirpath)
         self.signum = preempt_signal(signal)
-        self.store = store
+        self.stop = stop
+        self.store = store_from_env(store, run, config)
         self.config = config
         self.operational = tuple(operational)
         # The head's identity part is the local view a resume compares with.
-        self.view = _local_view(config, cache_keys, cache_root, terms)
+        self.view = local_view(config, cache_keys, cache_root, terms)
         self.keep_last = keep_last
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:
             raise UsageError(f"PreemptionCallback: {exc}") from None
-        self.run = _run_id(run, config, self.operational) if store is not None else run
+        self.run = run_id(run, config, self.operational) if self.store is not None else run
+        # Made here, so that a config that cannot be recorded fails now, not in every save.
+        self._identity = identity_record(self.view, self.operational, self.run)
         self.events: list[dict[str, Any]] = []
         self._trainer: pl.Trainer | None = None
         self._handler = self._on_signal  # one bound method, to recognise it when installed
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
+        self._stops: set[int] = set()
         self._installed = False
         self._armed = False
         self._pid = os.getpid()
         self._in_step = False
         self._pending: int | None = None
+        self._stop_signum: int | None = None
         self._busy = False
+        self._published: str | None = None
+        self._ready: Path | None = None
 
     # -- hooks --------------------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._trainer = trainer
-            self._install()
+            self._install(trainer)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer = trainer
+        if self._stop_signum is not None:
+            # Stopped before training started: nothing newer than what was resumed exists.
+            self._end(trainer, save=False)
         self.dirpath.mkdir(parents=True, exist_ok=True)
         if (self.dirpath / LAST).is_file():
             # Resumed (or restarted beside an older run): a ModelCheckpoint whose saved
@@ -204,6 +210,7 @@ class PreemptionCallback(pl.Callback):
             # versions past this file.
             self._point_model_checkpoints(trainer)
         self._armed = True
+        self._report_ready()
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -221,6 +228,23 @@ class PreemptionCallback(pl.Callback):
         self._in_step = False
         self._act_on_pending(trainer)
 
+    def on_validation_batch_end(  # noqa: PLR0913, PLR0917 - Lightning's hook signature
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        # Lightning ends validation on SIGTERM right after this hook: a stop is taken first.
+        if trainer.world_size == 1 and self._stop_signum is not None and self._armed:
+            self._end(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.world_size == 1 and self._stop_signum is not None and self._armed:
+            self._end(trainer)
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._act_on_pending(trainer)
         self._armed = False
@@ -228,46 +252,97 @@ class PreemptionCallback(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        if (
+            self._stop_signum is not None
+            and self._armed
+            and isinstance(exception, SystemExit)
+            and not isinstance(exception, Stopped)
+        ):
+            # Lightning's own SIGTERM exit, at a boundary it reached before any of ours: the
+            # step is done, so the state is whole. The same ending, then: saved, exit 42.
+            self._finish_stop(trainer)
+            exception.code = EXIT_RESUMABLE
         self._in_step = self._armed = False
+        self._report_down()
         self._restore()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._armed = False
+        self._report_down()
         self._restore()
 
-    # -- the signal ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The identity record every checkpoint carries (plain data: a weights-only load
+        reads it): what ``resume_checkpoint`` gates a local ``last.ckpt`` with."""
+        return {IDENTITY_KEY: self._identity}
 
-    def _install(self) -> None:
+    # -- the signals --------------------------------------------------------------------------
+
+    def _wanted(self, trainer: pl.Trainer) -> list[int]:
+        wanted = [self.signum]
+        if not self.stop:
+            return wanted
+        wanted += [s for s in _STOP_SIGNALS if s != self.signum]
+        # Lightning's own SLURM requeue (SLURMEnvironment(auto_requeue=True)) registers on
+        # SIGUSR1 only when nothing has: taken by us, it would never run.
+        environment = trainer._accelerator_connector.cluster_environment
+        lightning_requeue = bool(getattr(environment, "auto_requeue", False)) and (
+            getattr(environment, "requeue_signal", None) == SNAPSHOT_SIGNAL
+        )
+        if (
+            self.signum != SNAPSHOT_SIGNAL
+            and not lightning_requeue
+            and not _owned(signals.getsignal(SNAPSHOT_SIGNAL))
+        ):
+            wanted.append(SNAPSHOT_SIGNAL)
+        return wanted
+
+    def _install(self, trainer: pl.Trainer) -> None:
         if self._installed:
             return
         if threading.current_thread() is not threading.main_thread():
-            log.warning("not in the main thread: no preemption handler installed")
+            log.warning("not in the main thread: no stop handler installed")
             return
         self._pid = os.getpid()
-        self._previous = signals.signal(self.signum, self._handler)
+        self._stops = set()
+        for signum in self._wanted(trainer):
+            previous = signals.signal(signum, self._handler)
+            self._previous[signum] = previous
+            if self.stop and signum != SNAPSHOT_SIGNAL and not _owned(previous):
+                self._stops.add(signum)
         self._installed = True
 
     def _restore(self) -> None:
         self._installed = False
         self._pending = None
-        if signals.getsignal(self.signum) != self._handler:
-            return
-        previous = self._previous if self._previous is not None else signals.SIG_DFL
-        with contextlib.suppress(ValueError, TypeError):
-            signals.signal(self.signum, previous)
+        for signum, previous in list(self._previous.items()):
+            if signals.getsignal(signum) != self._handler:
+                continue
+            with contextlib.suppress(ValueError, TypeError):
+                signals.signal(signum, previous if previous is not None else signals.SIG_DFL)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:
             # A forked DataLoader worker inherits the handler, and Slurm signals every process
             # of the step: the main process saves; the worker neither saves nor requeues.
             return
-        trainer = self._trainer
         if not self._installed:
             # Put back after fit ended (Lightning's teardown restores what it found): behave
-            # as the previous handler, and make it the handler again.
+            # as the previous handler, and make it the handler again. Python's SIGINT handler
+            # raises KeyboardInterrupt; SIG_DFL's action is taken by sending the signal again.
             self._restore()
-            self._chain(signum, frame)
+            previous = self._previous.get(signum)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous in (signals.SIG_DFL, None):
+                os.kill(os.getpid(), signum)
             return
+        if signum in self._stops:
+            # Only a flag: the stop is acted on at the next boundary, where the state is whole.
+            if self._stop_signum is None:
+                self._stop_signum = signum
+            return
+        trainer = self._trainer
         if not self._armed or trainer is None:
             self._chain(signum, frame)
             return
@@ -281,9 +356,13 @@ class PreemptionCallback(pl.Callback):
 
     def _act_on_pending(self, trainer: pl.Trainer) -> None:
         pending = self._pending is not None
+        stop = self._stop_signum is not None
         if trainer.world_size > 1:
-            # Every rank calls this at every step's end, so the collective always matches.
+            # Every rank calls this at every step's end, so the collectives always match.
             pending = bool(trainer.strategy.reduce_boolean_decision(pending, all=False))
+            stop = bool(trainer.strategy.reduce_boolean_decision(stop, all=False))
+        if stop and self._armed:
+            self._end(trainer)
         if not pending:
             return
         signum, self._pending = self._pending, None
@@ -294,14 +373,70 @@ class PreemptionCallback(pl.Callback):
     def _chain(self, signum: int, frame: FrameType | None) -> None:
         """The handler that was there before ours (submitit's requeue, which exits): what it
         raises is its business and goes up. SIG_DFL or SIG_IGN: training goes on."""
-        previous = self._previous
-        if callable(previous):
+        previous = self._previous.get(signum)
+        if callable(previous) and previous is not signals.default_int_handler:
             previous(signum, frame)
+
+    def _end(self, trainer: pl.Trainer, *, save: bool = True) -> None:
+        """The stop contract's ending: the state at the stop saved, published and verified
+        (when a store is configured), the Trainer stopped, exit 42. When the publish fails,
+        the store's previous restore point stays the newest; the exit is 42 all the same."""
+        self._finish_stop(trainer, save=save)
+        raise Stopped
+
+    def _finish_stop(self, trainer: pl.Trainer, *, save: bool = True) -> None:
+        signum = self._stop_signum if self._stop_signum is not None else self.signum
+        self._stop_signum = None
+        step = int(trainer.global_step)
+        saved = published = False
+        if save:
+            self._published = None
+            saved = self.preserve(trainer)
+            published = self._published is not None
+        self._record("stopped", signal=signal_name(signum), step=step, saved=saved)
+        if trainer.is_global_zero:
+            if not save:
+                what = "before training started: nothing newer than what was resumed"
+            elif not saved:
+                what = f"the save of {LAST} failed (see above)"
+            elif self.store is None:
+                what = f"{LAST} saved (no store configured)"
+            elif published:
+                url = printable(self._published or "")
+                what = f"{LAST} saved, published and verified: {url}"
+            else:
+                what = (
+                    f"{LAST} saved; the publish failed: the store's previous restore point "
+                    "stays the newest"
+                )
+            print(
+                f"restorepoint: stop ({signal_name(signum)}) at step {step}: {what}; exit "
+                f"{EXIT_RESUMABLE}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._armed = False
+
+    def _report_ready(self) -> None:
+        """Under ``restorepoint run``: report this process up, so that the supervisor's
+        notices reach it. Only when it takes SIGUSR1 (a snapshot request): one that does not
+        would die of the request."""
+        if SNAPSHOT_SIGNAL not in self._previous:
+            return
+        doc = {"pid": os.getpid(), "run": self.run, "run_dir": str(self.dirpath)}
+        with contextlib.suppress(OSError):
+            self._ready = report_ready(doc)
+
+    def _report_down(self) -> None:
+        if self._ready is not None:
+            with contextlib.suppress(OSError):
+                self._ready.unlink()
+            self._ready = None
 
     # -- saving -------------------------------------------------------------------------------
 
     def preserve(self, trainer: pl.Trainer) -> bool:
-        """Save ``last.ckpt`` now (and pack it into the store): what the signal does. Never
+        """Save ``last.ckpt`` now (and publish it into the store): what a signal does. Never
         raises; returns whether the save succeeded."""
         self._busy = True
         try:
@@ -362,10 +497,23 @@ class PreemptionCallback(pl.Callback):
                 include=[LAST],
                 keep_last=self.keep_last,
             )
+            # Read back end to end before it counts as published; the prune after the publish
+            # verifies the run's newest in full, and then it is not read a second time.
+            report = result.pruned
+            name = entry_name(result.manifest)
+            if report is None or not any(plan.verified == name for plan in report.runs):
+                verify(result.url, storage_options=self.options.storage_options)
         except Exception as exc:  # last.ckpt is saved; the requeue must still run
-            log.error("packing last.ckpt at step %d failed: %s: %s", step, type(exc).__name__, exc)
+            log.error(
+                "publishing last.ckpt at step %d failed: %s: %s; the store's previous restore "
+                "point stays the newest",
+                step,
+                type(exc).__name__,
+                exc,
+            )
             self._record("pack_failed", step=step, error=f"{type(exc).__name__}: {exc}")
             return
+        self._published = result.url
         self._record("packed", step=step, url=result.url)
         if result.prune_error is not None:
             self._record("prune_failed", step=step, error=str(result.prune_error))
@@ -374,113 +522,14 @@ class PreemptionCallback(pl.Callback):
         self.events.append({"event": event, **fields})
 
 
-def resume_checkpoint(  # noqa: PLR0913 - public API: the trainer's resume options, keyword-only
-    dirpath: str | os.PathLike[str],
-    store: str | None = None,
-    run: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    *,
-    operational: Sequence[str] = (),
-    storage_options: dict[str, Any] | None = None,
-    cache_keys: Mapping[str, str] | None = None,
-    cache_root: str | None = None,
-    terms: Mapping[str, str] | None = None,
-    trust: Trust | None = None,
-    accept_older: bool = False,
-    safe_globals: Sequence[Any] = (),
-) -> str | None:
-    """What ``trainer.fit(model, ckpt_path=..., weights_only=True)`` resumes from:
-    ``DIRPATH/last.ckpt`` when it exists; else, with a store, the newest restore point of the
-    run (``run``, or the one pack derives from ``config``), imported into DIRPATH as
-    ``last.ckpt`` through the strict gate (trainer, terms, cache keys, cache root and config of
-    this machine, as ``PreemptionCallback`` packs them; spec section 16) under the trust policy
-    (``trust``, else ``$RESTOREPOINT_TRUST``); else a warning and None, and training starts
-    fresh.
-
-    Before the path is returned, the checkpoint is loaded weights-only (tensors and plain data,
-    and the classes in ``safe_globals`` that the caller vouches for): one that would run code
-    is refused with UnsafeCheckpoint. Lightning 2.6 unpickles in full unless
-    fit is given ``weights_only=True``: pass it (docs/adapters.md).
-
-    A preemption before the callback was installed (during data setup, say) leaves no
-    last.ckpt: that is the fresh start. A refusal of the gate or a store that cannot be read
-    is raised: starting over would throw the run's progress away; a refusal of the newest
-    restore point names the older ones that would pass (``accept_older`` takes the newest)."""
-    directory = Path(dirpath)
-    last = directory / LAST
-    if last.is_file():
-        check_loadable(last, extra_globals=safe_globals)
-        return str(last)
-    where = f"no {LAST} in {directory}"
-    if store is not None:
-        run_id = _run_id(run, config, operational) if (run or config is not None) else None
-        if run_id is None:
-            raise UsageError("resuming from a store needs run= or config=")
-        view = _local_view(config, cache_keys, cache_root, terms)
-        entry = choose(
-            store,
-            run=run_id,
-            views=[view],
-            accept_older=accept_older,
-            trust=trust,
-            storage_options=storage_options,
-            hints=LIGHTNING_HINTS,
-        )
-        if entry is None:
-            where += f" and no restore point in {store}"
-        else:
-            _import_last(entry.url, directory, view, trust, storage_options, safe_globals)
-            log.info("resuming from %s (step %d), imported as %s", entry.url, entry.step, last)
-            return str(last)
-    warnings.warn(f"{where}: starting fresh", UserWarning, stacklevel=2)
-    return None
-
-
-#: What a refusal says to give, in this module's words.
-LIGHTNING_HINTS = {
-    "trainer": "the restore point was not made by Lightning",
-    "terms": "give terms=",
-    "cache_root": "give cache_root= or RESTOREPOINT_CACHE_ROOT",
-    "cache_keys": "give cache_keys=",
-    "config": "give config=",
-}
-
-
-def _import_last(  # noqa: PLR0913, PLR0917 - the pieces of one gated import, passed on from resume_checkpoint
-    url: str,
-    directory: Path,
-    view: Expectations,
-    trust: Trust | None,
-    storage_options: dict[str, Any] | None,
-    safe_globals: Sequence[Any],
-) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    # Imported beside last.ckpt and renamed: the same file system, so the rename is atomic.
-    staging = directory / f".restorepoint-import-{secrets.token_hex(6)}"
-    try:
-        resume_import(
-            url,
-            staging,
-            views=[view],
-            trust=trust,
-            storage_options=storage_options,
-            hints=LIGHTNING_HINTS,
-        )
-        if not (staging / LAST).is_file():
-            raise UsageError(f"the restore point holds no {LAST}", url=url)
-        # Checked where it lies, before it takes last.ckpt's name: a checkpoint that would
-        # run code never becomes the one a requeued job resumes from.
-        check_loadable(staging / LAST, extra_globals=safe_globals)
-        os.replace(staging / LAST, directory / LAST)
-        fsync_dir(directory)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 class LightningAdapter:
     """PyTorch Lightning with restorepoint.adapters.lightning.PreemptionCallback (last.ckpt)."""
 
     name = "lightning"
+    #: The callback publishes into ``$RESTOREPOINT_STORE`` and ``resume_checkpoint`` gates
+    #: its own resumes: under ``restorepoint run`` a Lightning job is a trainer that
+    #: publishes itself, as a ResumableRun is.
+    self_publishing = True
 
     def __init__(self, signal_name: str | None = None) -> None:
         self.snapshot_signal = preempt_signal(signal_name)
@@ -511,7 +560,7 @@ class LightningAdapter:
 
     def request_snapshot(self, pid: int) -> None:
         """Send the preemption signal: the callback saves last.ckpt and chains to the handler
-        before it (submitit's requeue stops the job; with none, training goes on)."""
+        before it (submitit's requeue stops the job); with none, it is a stop (exit 42)."""
         send_signal(pid, self.snapshot_signal)
 
     def newest_snapshot(self, workdir: Path) -> Snapshot | None:

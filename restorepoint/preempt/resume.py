@@ -56,6 +56,10 @@ class ResumeSteps:
     def ready(self) -> list[Ready]:
         raise NotImplementedError
 
+    @property
+    def self_publishing(self) -> bool:
+        raise NotImplementedError
+
     def _prepare_resume(self, env: dict[str, str]) -> list[str]:
         """The one gated import for the trainer: the strict gate against this machine's
         views (a refusal is exit 3 before the trainer starts), under the trust policy."""
@@ -114,7 +118,9 @@ class ResumeSteps:
         env[RESUME_DIR_ENV] = str(dest)
         env[RESUME_HEAD_ENV] = str(head)
         env[RESUME_URL_ENV] = url
-        if self.adapter is not None:
+        if self.adapter is not None and not self.self_publishing:
+            # A trainer that publishes itself finds the import through the environment (a
+            # Lightning job's resume_checkpoint, a ResumableRun): its command stays as given.
             command = self.adapter.resume_command(dest, result.manifest, command)
         return command
 

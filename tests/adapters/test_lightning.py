@@ -21,12 +21,14 @@ import torch
 from clirun import cli
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from restorepoint import IncompatibleRestorePoint, UsageError, list_store, read_manifest
 from restorepoint.adapters.lightning import (
     LightningAdapter,
     PreemptionCallback,
+    Stopped,
     preempt_signal,
     resume_checkpoint,
 )
@@ -38,6 +40,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:The '.*' does not have many workers"),
     # Python 3.12+: the fork of the DataLoader worker test in a process with torch's threads.
     pytest.mark.filterwarnings("ignore:This process .* is multi-threaded"),
+    # A checkpoint carries the callback's identity record: a Trainer resumed without the
+    # callback (the tests that resume elsewhere) is told so by Lightning.
+    pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`, callbacks used"),
 ]
 
 STEPS_PER_EPOCH = 8  # 64 samples, batches of 8
@@ -168,7 +173,8 @@ def _one_thread_and_clean_signals(monkeypatch: pytest.MonkeyPatch) -> Iterator[N
     monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    signums = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in signums}
     yield
     torch.set_num_threads(threads)
     for signum, handler in before.items():
@@ -221,7 +227,7 @@ def test_chains_the_previous_handler_once_after_the_save_and_restores_it(tmp_pat
     assert signal.getsignal(USR2) is previous
 
 
-def test_sig_dfl_is_restored_and_training_goes_on(tmp_path: Path) -> None:
+def test_with_stop_off_sig_dfl_is_restored_and_training_goes_on(tmp_path: Path) -> None:
     with_handler(signal.SIG_DFL)
     seen: list[Any] = []
 
@@ -229,12 +235,50 @@ def test_sig_dfl_is_restored_and_training_goes_on(tmp_path: Path) -> None:
         def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
             seen.append(signal.getsignal(USR2))
 
-    callback = PreemptionCallback(tmp_path / "ckpt")
+    callback = PreemptionCallback(tmp_path / "ckpt", stop=False)
     trainer = trainer_for(tmp_path, 1, callback, During(), SignalAt(step=2))
     trainer.fit(Regression())  # SIG_DFL would have killed the process: the callback had it
     assert seen == [callback._on_signal]
     assert ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 2
     assert signal.getsignal(USR2) == signal.SIG_DFL
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_sigterm_and_sigint_stop_at_the_next_step_end(tmp_path: Path, signum: int) -> None:
+    """No earlier handler (SIGINT's is Python's own, which only raises KeyboardInterrupt):
+    the signal sent after step 3's end is acted on at step 4's; the handlers are put back."""
+    callback = PreemptionCallback(tmp_path / "ckpt")
+    with pytest.raises(SystemExit) as info:
+        trainer_for(tmp_path, 1, callback, SignalAt(step=3, signum=signum)).fit(Regression())
+    assert info.value.code == 42
+    # SIGTERM: Lightning's own SIGTERM exit comes first, at the end of step 3 (after the
+    # callbacks' hooks); the callback saves there and makes it exit 42. SIGINT: step 4's end.
+    step = 3 if signum == signal.SIGTERM else 4
+    assert isinstance(info.value, Stopped) == (signum == signal.SIGINT)
+    assert ckpt_step(tmp_path / "ckpt" / "last.ckpt") == step
+    (stopped,) = [e for e in callback.events if e["event"] == "stopped"]
+    assert (stopped["signal"], stopped["step"]) == (signal.Signals(signum).name, step)
+    if signum == signal.SIGINT:
+        # fit failed: Lightning put the handler it found (ours) back; it acts as Python's own.
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_owned_sigterm_is_saved_and_chained_and_lightning_ends_fit(tmp_path: Path) -> None:
+    """submitit's SIGTERM handler (it only logs), stood in for: the callback saves and chains;
+    Lightning's own SIGTERM exit then ends fit, not the callback's 42."""
+    ckpt = tmp_path / "ckpt"
+    previous = Previous(ckpt)
+    signal.signal(signal.SIGTERM, previous)
+    callback = PreemptionCallback(ckpt)
+    with pytest.raises(SIGTERMException) as info:
+        trainer_for(tmp_path, 1, callback, SignalAt(step=3, signum=signal.SIGTERM)).fit(
+            Regression()
+        )
+    assert info.value.code != 42
+    assert previous.calls == [{"signum": signal.SIGTERM, "step": 3, "partial": False}]
+    assert [e["event"] for e in callback.events] == ["saved"]
 
 
 def test_a_stopping_handler_leaves_the_loop_and_is_restored(tmp_path: Path) -> None:
@@ -269,8 +313,13 @@ def test_a_signal_in_the_middle_of_a_step_saves_at_its_end(tmp_path: Path) -> No
 
 def test_no_temporary_file_is_left_after_a_save(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    trainer_for(tmp_path, 1, PreemptionCallback(ckpt), SignalAt(step=4)).fit(Regression())
+    callback = PreemptionCallback(ckpt)
+    # No earlier handler: a stop, which leaves fit as SystemExit(42).
+    with pytest.raises(Stopped) as info:
+        trainer_for(tmp_path, 1, callback, SignalAt(step=4)).fit(Regression())
+    assert info.value.code == 42
     assert sorted(p.name for p in ckpt.iterdir()) == ["last.ckpt"]
+    assert [e["event"] for e in callback.events] == ["saved", "stopped"]
 
 
 def test_a_failed_save_is_logged_and_the_chained_handler_still_runs(
@@ -533,7 +582,7 @@ def test_resume_checkpoint_warns_and_starts_fresh_when_nothing_exists(tmp_path: 
 def test_resume_checkpoint_imports_the_newest_restore_point_of_the_run(tmp_path: Path) -> None:
     config = {"lr": 0.05}
     ckpt, store = tmp_path / "a", f"{tmp_path / 'store'}/"
-    callback = PreemptionCallback(ckpt, store=store, config=config)
+    callback = PreemptionCallback(ckpt, store=store, config=config, stop=False)
     trainer_for(tmp_path, 1, callback, SignalAt(step=6)).fit(Regression())
     assert [e["event"] for e in callback.events] == ["saved", "packed"]
 
@@ -548,7 +597,7 @@ def test_resume_checkpoint_imports_the_newest_restore_point_of_the_run(tmp_path:
 
     other = tmp_path / "c"
     with pytest.raises(IncompatibleRestorePoint):
-        resume_checkpoint(other, store, run=callback.run, config={"lr": 0.1})
+        resume_checkpoint(other, store, run=callback.run, config={"lr": 0.1}, exit_on_refusal=False)
     assert not other.exists() or list(other.iterdir()) == []
 
 
@@ -563,7 +612,7 @@ def test_resume_checkpoint_refuses_a_restore_point_of_another_machine(tmp_path: 
 
     config = {"lr": 0.05, "epochs": 2}
     ckpt, store = tmp_path / "a", f"{tmp_path / 'store'}/"
-    callback = PreemptionCallback(ckpt, store=store, config=config)
+    callback = PreemptionCallback(ckpt, store=store, config=config, stop=False)
     trainer_for(tmp_path, 1, callback, SignalAt(step=6)).fit(Regression())
     (entry,) = list_store(store)
     payload = tmp_path / "payload"
@@ -593,7 +642,13 @@ def test_resume_checkpoint_refuses_a_restore_point_of_another_machine(tmp_path: 
     for name, (changes, field) in cases.items():
         directory = tmp_path / f"b-{name}"
         with pytest.raises(IncompatibleRestorePoint) as info:
-            resume_checkpoint(directory, repack(name, **changes), run=callback.run, config=config)
+            resume_checkpoint(
+                directory,
+                repack(name, **changes),
+                run=callback.run,
+                config=config,
+                exit_on_refusal=False,
+            )
         assert [m["field"] for m in info.value.mismatches] == [field], name
         assert not (directory / "last.ckpt").exists(), name
 

@@ -35,7 +35,7 @@ def checkpoint_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
     try:
         signal.signal(signal.SIGUSR2, signal.SIG_DFL)
-        callback = PreemptionCallback(ckpt, signal="USR2")
+        callback = PreemptionCallback(ckpt, signal="USR2", stop=False)
         trainer_for(root, 1, callback, SignalAt(step=PREEMPTED_AT)).fit(Regression())
     finally:
         torch.set_num_threads(threads)

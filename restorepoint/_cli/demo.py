@@ -24,8 +24,9 @@ from typing import Annotated, Any
 
 import typer
 
+from .._text import printable
 from ..errors import MissingExtra, UsageError
-from ._common import print_json, run
+from ._common import out, print_json, run
 
 
 def _child(
@@ -84,7 +85,10 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
                 raise UsageError(f"--workdir {workdir} is not empty")
             base.mkdir(parents=True, exist_ok=True)
             store = base / "store"
-            say = (lambda *a: None) if json_ else typer.echo
+
+            def say(line: str) -> None:
+                if not json_:
+                    out(line + "\n")
 
             say("1/4 training the reference run, uninterrupted ...")
             ref = _child(
@@ -146,6 +150,9 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
             same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]) and (
                 _equal_state(a["optimizer"], b["optimizer"], torch)
             )
+            # Without --workdir the store goes with the temporary directory: its path would
+            # name a file that no longer exists once this prints.
+            kept = entry.url if workdir is not None else None
             result = {
                 "bitwise_identical": same,
                 "import_seconds": round(import_s, 4),
@@ -153,7 +160,7 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
                 "ok": same,
                 "pack_seconds": upload["seconds"],
                 "preempted_at_step": status["step"],
-                "restore_point": entry.url,
+                "restore_point": kept,
                 "signal_sent_after_step": target,
                 "snapshot_pause_seconds": snap["pause_s"],
                 "steps_total": total,
@@ -161,15 +168,17 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
             if json_:
                 print_json(result)
             else:
-                typer.echo(
+                where = printable(kept) if kept else "deleted with the demo's temporary files"
+                where += "" if kept else " (--workdir DIR keeps them)"
+                out(
                     f"preempted at step {status['step']} of {total} (SIGTERM after step "
                     f"{target}; exit 42)\n"
                     f"snapshot pause {snap['pause_s'] * 1000:.1f} ms, pack and publish "
                     f"{upload['seconds'] * 1000:.1f} ms, import "
                     f"{import_s * 1000:.1f} ms\n"
-                    f"restore point {entry.url}\n"
+                    f"restore point {where}\n"
                     f"final weights and optimizer state bitwise identical to the "
-                    f"uninterrupted run: {'yes' if same else 'NO'}"
+                    f"uninterrupted run: {'yes' if same else 'NO'}\n"
                 )
             if not same:
                 raise typer.Exit(1)

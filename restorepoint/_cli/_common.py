@@ -268,6 +268,11 @@ def progress_bar(
         yield on_start, advance
 
 
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 file``, ``2 files``: every count the CLI prints."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
 def human_bytes(n: int) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

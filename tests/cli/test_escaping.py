@@ -67,7 +67,7 @@ def test_inspect_escapes_every_field(hostile: str) -> None:
     assert proc.returncode == 0, proc.stderr
     assert clean(proc.stdout)
     lines = proc.stdout.splitlines()
-    assert len(lines) == 14  # no value broke its line
+    assert len(lines) == 17  # no value broke its line
     assert f"trainer       {ESCAPED} {ESCAPED}" in lines
     for field in ("cache root", "cache keys", "terms", "producer"):
         assert "\\x1b]0;pwned" in next(line for line in lines if line.startswith(field))

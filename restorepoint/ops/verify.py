@@ -102,9 +102,7 @@ def _verify(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from verify
     *,
     payload: bool = True,
 ) -> VerifyReport:
-    report = _verify_object(
-        location, started, threads, progress, on_start, trust, payload=payload
-    )
+    report = _verify_object(location, started, threads, progress, on_start, trust, payload=payload)
     commit = report.manifest
     if commit.parts is None:
         return report

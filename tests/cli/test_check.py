@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from clirun import cli, one_error_line
 
+from restorepoint._cli.import_ import HEAD_ONLY
+
 TERMS = ("--term", "cuda=12.4", "--term", "torch=2.13.0")
 
 
@@ -59,8 +61,41 @@ def test_check_compatible(packed: tuple[str, Path], config_file: Path) -> None:
     url, _ = packed
     proc = cli("check", url, *everything(config_file))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"compatible: step 7 ({url})\n"
+    assert proc.stdout == f"{HEAD_ONLY}: step 7 at {url}\n"
     assert proc.stderr == ""
+
+
+def test_check_verify_reads_what_the_head_does_not(
+    packed: tuple[str, Path], config_file: Path, tmp_path: Path
+) -> None:
+    """Half the object cut away: the gate (head only) passes, and says that is all it read;
+    --verify then fails as verify does (exit 1, one line); a sound one passes both."""
+    url, handoff = packed
+    proc = cli("check", url, *everything(config_file), "--verify", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["checked"] == "all" and out["compatible"] is True
+    assert out["verify"]["ok"] is True and out["verify"]["files"] == 2
+    proc = cli("check", url, *everything(config_file), "--verify")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith(f"compatible and verified: step 7 at {url}, 2 files, ")
+
+    cut = tmp_path / "cut.rp"
+    data = Path(url).read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    proc = cli("check", str(cut), *everything(config_file))
+    assert (proc.returncode, proc.stdout) == (0, f"{HEAD_ONLY}: step 7 at {cut}\n")
+    assert json.loads(cli("check", str(cut), "--expect", str(handoff), "--json").stdout)["checked"] == (
+        "head"
+    )
+    proc = cli("check", str(cut), *everything(config_file), "--verify")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "restorepoint: error: " in one_error_line(proc)
+    # A refusal by the gate comes first, and nothing more is read.
+    proc = cli("check", str(cut), "--verify", "--trainer", "other=1", *TERMS)
+    assert proc.returncode == 3
+    proc = cli("check", url, "--identity", str(tmp_path / "key"), *everything(config_file))
+    assert proc.returncode == 2 and "--verify" in one_error_line(proc)
 
 
 def test_check_compatible_json(packed: tuple[str, Path]) -> None:

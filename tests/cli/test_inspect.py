@@ -50,7 +50,7 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, list[str
 
 def test_signed_and_encrypted(sealed: tuple[str, str, list[str]]) -> None:
     url, signers, recipients = sealed
-    row, lines, data = _inspect(url)
+    row, _lines, data = _inspect(url)
     manifest = data["manifest"]
     assert data["signed_by"] == signers.split(", ")
     assert row["signatures"].startswith(f"valid, by {signers} ")

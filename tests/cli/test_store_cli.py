@@ -11,6 +11,7 @@ import pytest
 from clirun import cli, one_error_line
 
 import restorepoint
+from restorepoint._cli.import_ import HEAD_ONLY
 from restorepoint.format import read_head
 from restorepoint.storage import resolve
 
@@ -271,7 +272,7 @@ def test_reading_verbs_take_the_latest(
 
     proc = cli("check", str(root), "--latest", "--run", "b", "--trainer", "t=1.0")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == f"compatible: step 10 ({urls['b'][0]})"
+    assert proc.stdout.strip() == f"{HEAD_ONLY}: step 10 at {urls['b'][0]}"
 
     dest = tmp_path / "resumed"
     proc = cli("import", str(root), str(dest), "--latest", "--run", "a", "--json")

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clirun import cli, one_error_line
 
 from restorepoint._cli.import_ import HEAD_ONLY
+from restorepoint.ops import read_manifest
 
 TERMS = ("--term", "cuda=12.4", "--term", "torch=2.13.0")
 
@@ -85,9 +87,8 @@ def test_check_verify_reads_what_the_head_does_not(
     cut.write_bytes(data[: len(data) // 2])
     proc = cli("check", str(cut), *everything(config_file))
     assert (proc.returncode, proc.stdout) == (0, f"{HEAD_ONLY}: step 7 at {cut}\n")
-    assert json.loads(cli("check", str(cut), "--expect", str(handoff), "--json").stdout)["checked"] == (
-        "head"
-    )
+    head_only = cli("check", str(cut), "--expect", str(handoff), "--json")
+    assert json.loads(head_only.stdout)["checked"] == "head"
     proc = cli("check", str(cut), *everything(config_file), "--verify")
     assert proc.returncode == 1 and proc.stdout == ""
     assert "restorepoint: error: " in one_error_line(proc)
@@ -295,3 +296,30 @@ def test_import_with_the_handoff_passes(tmp_path: Path, packed: tuple[str, Path]
     assert proc.returncode == 0, proc.stderr
     assert (dest / "model.bin").read_bytes() == bytes(range(256)) * 100
     assert (dest / "sub" / "state.json").read_text() == '{"step": 7}'
+
+
+def test_local_view_shows_the_identity_the_gate_compares(
+    packed: tuple[str, Path], config_file: Path
+) -> None:
+    """The restore point declares train.checkpoint_every operational: its config identity is
+    computed without it. local-view shows that identity with --against (the restore point's
+    keys) or the same --operational as the pack, and says which keys it used."""
+    url, _ = packed
+    recorded = read_manifest(url, head_only=True).config_identity
+
+    def shown(*args: str) -> dict[str, Any]:
+        proc = cli("local-view", "--config", str(config_file), *args, "--json")
+        assert proc.returncode == 0, proc.stderr
+        (fields,) = json.loads(proc.stdout)["views"]
+        return next(f for f in fields if f["field"] == "config_identity")
+
+    against = shown("--against", url)
+    assert against["value"] == recorded
+    assert against["operational_keys"] == ["train.checkpoint_every"]
+    assert shown("--operational", "train.checkpoint_every")["value"] == recorded
+    plain = shown()
+    assert plain["operational_keys"] == [] and plain["value"] != recorded
+    proc = cli("local-view", "--config", str(config_file), "--against", url)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert f"  config_identity  {recorded}  [--config; operational keys of {url}: " in (proc.stdout)
+    assert proc.stdout.endswith("train.checkpoint_every]\n")

@@ -240,18 +240,32 @@ def progress_bar(
     from rich.console import Console
     from rich.progress import (
         BarColumn,
-        DownloadColumn,
         Progress,
+        ProgressColumn,
+        Task,
         TextColumn,
         TimeRemainingColumn,
-        TransferSpeedColumn,
     )
+    from rich.text import Text
+
+    # rich's own byte columns count in kB and MB (powers of 1000); every summary line here
+    # is in KiB and MiB (human_bytes). One unit system: the bar's columns use human_bytes too.
+    class Bytes(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            total = "?" if task.total is None else human_bytes(int(task.total))
+            return Text(f"{human_bytes(int(task.completed))}/{total}", style="progress.download")
+
+    class Speed(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            speed = task.finished_speed or task.speed
+            shown = "?" if speed is None else f"{human_bytes(int(speed))}/s"
+            return Text(shown, style="progress.data.speed")
 
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
+        Bytes(),
+        Speed(),
         TimeRemainingColumn(),
         console=Console(stderr=True),
         transient=True,
@@ -266,11 +280,6 @@ def progress_bar(
 
     with progress:
         yield on_start, advance
-
-
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """``1 file``, ``2 files``: every count the CLI prints."""
-    return f"{n} {word if n == 1 else (words or word + 's')}"
 
 
 def human_bytes(n: int) -> str:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from .._text import plural
 from ..errors import UsageError
 from ._common import (
     human_bytes,
-    plural,
     print_json,
     progress_bar,
     run,
@@ -168,7 +168,7 @@ def import_command(
         where = f"step {pos.step}" + (f", epoch {pos.epoch}" if pos.epoch is not None else "")
         where += f", batch {pos.batch}" if pos.batch is not None else ""
         say(
-            f"imported {where}: {len(result.files)} files, {human_bytes(result.bytes)} "
+            f"imported {where}: {plural(len(result.files), 'file')}, {human_bytes(result.bytes)} "
             f"verified into {result.dest} in {result.seconds:.2f} s"
         )
         if command is not None:

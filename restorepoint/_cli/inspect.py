@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .._text import printable
-from ._common import human_bytes, plural, print_json, run, say
+from .._text import plural, printable
+from ._common import human_bytes, print_json, run, say
 from .store import LatestOpt, RunOpt, target
 
 if TYPE_CHECKING:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from .._posix import NotRegularFile, read_regular
+from .._text import plural
 from ..errors import ConfigError, IncompatibleRestorePoint, NotFound, UsageError, at_url
 from ..format import (
     CanonicalizationError,
@@ -431,7 +432,7 @@ class CheckResult:
 def refuse(result: CheckResult) -> IncompatibleRestorePoint:
     fields = ", ".join(m.field for m in result.mismatches)
     return IncompatibleRestorePoint(
-        f"refused: {len(result.mismatches)} expectation(s) not met ({fields})",
+        f"refused: {plural(len(result.mismatches), 'expectation')} not met ({fields})",
         url=result.url,
         mismatches=[m.to_dict() for m in result.mismatches],
         details=[m.describe() for m in result.mismatches],

@@ -123,7 +123,7 @@ def test_check_refused_prints_one_line_per_mismatch(
     assert "Traceback" not in proc.stderr
     summary = proc.stderr.splitlines()[0]
     assert summary == (
-        f"restorepoint: error: {url}: refused: 4 expectation(s) not met "
+        f"restorepoint: error: {url}: refused: 4 expectations not met "
         "(trainer, terms.cuda, terms.torch, cache_root)"
     )
     # Terms are a whole map: torch is recorded but was not expected. Each line names where

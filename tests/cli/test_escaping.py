@@ -84,7 +84,7 @@ def test_verify_escapes_an_unknown_feature_name(tmp_path: Path) -> None:
         proc = cli(*args, "--json")
         assert proc.returncode == 1
         assert clean(proc.stderr) and clean(proc.stdout)
-        assert "unknown required feature(s): \\x1b]0;pwned" in proc.stderr
+        assert "unknown required feature: \\x1b]0;pwned" in proc.stderr
         assert json.loads(proc.stdout)["error"]["class"] == "UnsupportedFormat"
 
 

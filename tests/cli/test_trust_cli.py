@@ -206,7 +206,17 @@ def test_check_with_a_signature_policy(keys: Keys, packed: Packed) -> None:
     policy = ("--trust", keys["signer"] + ".pub", "--require-signature")
     proc = cli("check", packed.sealed, "--term", "cuda=12.4", *policy)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("compatible: step 7")
+    assert proc.stdout.startswith("compatible (head only; --verify checks the payload): step 7")
+    # --verify reads the encrypted payload: it needs the recipient's key, as verify does.
+    proc = cli("check", packed.sealed, "--term", "cuda=12.4", *policy, "--verify")
+    assert proc.returncode == 1
+    assert "--identity" in one_error_line(proc)
+    proc = cli(
+        "check", packed.sealed, "--term", "cuda=12.4", *policy, "--verify",
+        "--identity", keys["recipient"],
+    )  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith("compatible and verified: step 7 at ")
     proc = cli("check", packed.unsigned, "--term", "cuda=12.4", *policy)
     assert proc.returncode == 1
     assert "a signature is required" in one_error_line(proc)

@@ -16,6 +16,9 @@ from clirun import cli
 from restorepoint.ops import pack
 
 CLOSED = 141
+#: As a user's shell runs it: stdout to a pipe is block-buffered (PYTHONUNBUFFERED, which a
+#: test runner may set, would hide what the interpreter's last flush does).
+BUFFERED = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
 
 
 @pytest.fixture(scope="module")
@@ -32,24 +35,26 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-def _with_closed_stdout(*args: str) -> subprocess.CompletedProcess[str]:
-    """``restorepoint ARGS`` with stdout a pipe whose reader has gone before it starts: every
-    write to stdout fails (EPIPE), without a race."""
+def _with_closed_stdout(*args: str, code: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``restorepoint ARGS`` (or ``python -c CODE``) with stdout a pipe whose reader has gone
+    before it starts: every write to stdout fails (EPIPE), without a race."""
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
         return subprocess.run(
-            [sys.executable, "-m", "restorepoint", *args],
+            [sys.executable, *(["-c", code] if code else ["-m", "restorepoint"]), *args],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
             timeout=120,
+            env=BUFFERED,
             check=False,
         )
     finally:
         os.close(write_end)
 
 
+@pytest.mark.slow  # a trial loop: a hundred CLI starts (the tests below are the fast check)
 def test_head_one_a_hundred_times_is_quiet(store: str) -> None:
     """The issue's pipeline, in one shell loop: the pipeline exits 0 every time, nothing on
     stderr, and restorepoint's own exit is 0 or 141 (the order of the two processes decides)."""
@@ -59,7 +64,7 @@ def test_head_one_a_hundred_times_is_quiet(store: str) -> None:
     )
     bin_dir = Path(sys.executable).parent
     shim = f'{sys.executable} -m restorepoint "$@"'
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env = {**BUFFERED, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(
         ["bash", "-c", f"restorepoint() {{ {shim}; }}; {script}", "loop", store],
         capture_output=True,
@@ -104,6 +109,24 @@ def test_an_error_keeps_its_code_and_line(tmp_path: Path) -> None:
     assert line.startswith("restorepoint: error: ") and "absent.rp" in line
 
 
+def test_what_is_left_for_the_shutdown_flush_goes_quietly(tmp_path: Path) -> None:
+    """Output still buffered when a command ends (a library's print) is flushed at
+    interpreter shutdown; with stdout closed, Python would print "Exception ignored ...
+    BrokenPipeError" and exit 120. The entry point flushes it first, and points stdout at
+    /dev/null for what is left."""
+    code = (
+        "import sys; print('from a library'); from restorepoint._cli import main; "
+        f"sys.argv = ['restorepoint', 'inspect', {str(tmp_path / 'absent.rp')!r}]; main()"
+    )
+    proc = _with_closed_stdout(code=code)
+    assert proc.returncode == 4
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("restorepoint: error: ")
+    code = code.replace("'inspect', ", "'--version', ").split("; sys.argv")[0]
+    proc = _with_closed_stdout(code=f"{code}; sys.argv = ['restorepoint', '--help']; main()")
+    assert (proc.returncode, proc.stderr) == (CLOSED, "")
+
+
 def test_on_s3(s3_bucket: str, s3_env: dict[str, str], tmp_path: Path) -> None:
     """Once against moto's S3, where the store's own sockets are in the process too."""
     source = tmp_path / "ckpt"
@@ -119,7 +142,7 @@ def test_on_s3(s3_bucket: str, s3_env: dict[str, str], tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env=s3_env,
+        env={k: v for k, v in s3_env.items() if k != "PYTHONUNBUFFERED"},
         check=False,
     )
     assert (proc.returncode, proc.stderr) == (0, "")

@@ -144,7 +144,8 @@ def _parts(m: Manifest, report: VerifyReport | None) -> list[str]:
         return []
     reshards = "reshardable" if m.parts.reshardable else "not reshardable"
     lines = [
-        f"{'parts':<14}{len(m.parts.objects)} for world size {m.parts.world_size} ({reshards})"
+        f"{'parts':<14}{plural(len(m.parts.objects), 'part')} for world size "
+        f"{m.parts.world_size} ({reshards})"
     ]
     held = {p.manifest.id: p for p in report.parts} if report is not None else {}
     for ref in m.parts.objects:

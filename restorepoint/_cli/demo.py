@@ -51,9 +51,15 @@ def _finish(proc: subprocess.Popen[str], what: str, log: Path) -> int:
     from ..runtime.contract import EXIT_RESUMABLE
 
     if code not in (0, EXIT_RESUMABLE):
-        tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise UsageError(f"the {what} training run failed with exit {code}: {tail[0]}")
+        raise UsageError(f"the {what} training run failed with exit {code}: {_last_line(log)}")
     return code
+
+
+def _last_line(log: Path) -> str:
+    """A child's last line of stderr: its log may be in a temporary directory that is gone
+    once the error is printed, so the error quotes it rather than naming the file."""
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+    return tail[0]
 
 
 def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the README tells them
@@ -116,7 +122,9 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
                     sent_at = time.perf_counter()
             code = child.wait()
             if code != EXIT_RESUMABLE:
-                raise UsageError(f"machine A exited {code}, not 42 (see {base / 'machine-a.log'})")
+                raise UsageError(
+                    f"machine A exited {code}, not 42: {_last_line(base / 'machine-a.log')}"
+                )
             (run_dir,) = list(a_root.iterdir())
             directory = RunDirectory(run_dir)
             events = list(directory.events())

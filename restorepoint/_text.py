@@ -4,7 +4,7 @@ rule, for the CLI and the runtime alike."""
 
 from __future__ import annotations
 
-__all__ = ["printable"]
+__all__ = ["plural", "printable"]
 
 
 def _escape(char: str) -> str:
@@ -27,3 +27,9 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(char if char.isprintable() else _escape(char) for char in text)
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 file``, ``2 files``, ``0 files``: every count a message prints (never ``file(s)``).
+    ``words`` for a plural that is not ``word`` + s."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"

@@ -15,8 +15,13 @@ def main(argv: list[str] | None = None) -> None:
     if args == ["--version"]:
         from .._version import __version__
 
-        sys.stdout.write(f"restorepoint {__version__}\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(f"restorepoint {__version__}\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # a closed stdout: quiet, as every verb (_common.quiet_exit)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(128 + 13)  # SIGPIPE's status; the signal module is not loaded for this
         sys.exit(0)
     _tune_allocator()
     from ._app import main as app_main

@@ -14,7 +14,15 @@ import typer
 
 from .._text import printable
 from .._version import __version__
-from ._common import EXIT_INTERRUPTED
+from ._common import (
+    EXIT_INTERRUPTED,
+    EXIT_STDOUT_CLOSED,
+    StdoutClosed,
+    say,
+    stdout_file,
+    stdout_gone,
+    stdout_to_devnull,
+)
 from ._trust import keygen_command
 from .adapters import adapters_command
 from .demo import demo_command
@@ -40,7 +48,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"restorepoint {__version__}")
+        say(f"restorepoint {__version__}")
         raise typer.Exit(0)
 
 
@@ -123,9 +131,12 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: usage errors are one line and exit 2, like every other failure."""
+    """Console entry point: usage errors are one line and exit 2, like every other failure; a
+    closed stdout is a quiet exit (``_common.quiet_exit``), here for what click prints itself
+    (help, usage) and for the last flush."""
     _quiet_libraries()
     command = typer.main.get_command(app)
+    stdout_before = stdout_file()
     try:
         code = command.main(args=argv, prog_name="restorepoint", standalone_mode=False)
     except typer.Abort:
@@ -143,5 +154,18 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.stderr.write("restorepoint: interrupted\n")
         code = EXIT_INTERRUPTED
-    sys.stdout.flush()
+    except (StdoutClosed, BrokenPipeError):  # outside every verb's run(): click's own output
+        stdout_to_devnull()
+        code = EXIT_STDOUT_CLOSED
+    except SystemExit as exc:
+        # click and rich end their own write to a closed stdout (help, usage) with exit 1.
+        if exc.code != 1 or not stdout_gone(stdout_before):
+            raise
+        stdout_to_devnull()
+        code = EXIT_STDOUT_CLOSED
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_to_devnull()
+        code = code or EXIT_STDOUT_CLOSED
     sys.exit(code if isinstance(code, int) else 0)

@@ -25,6 +25,14 @@ T = TypeVar("T")
 #: A bug, not a documented failure: never expected, reported as one line all the same.
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+#: The reader of stdout went away (``restorepoint list ... | head -1``): what a shell reports for
+#: a program that SIGPIPE ended, as git is, with nothing on stderr.
+EXIT_STDOUT_CLOSED = 128 + signal.SIGPIPE
+
+
+class StdoutClosed(BaseException):
+    """A write to stdout found no reader. A BaseException, so that no ``except Exception`` on
+    the way takes it for the verb's own failure: ``run`` and the entry point end quietly."""
 
 
 class Terminated(BaseException):
@@ -47,9 +55,19 @@ def _json_escape(char: str) -> str:
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
+def out(text: str) -> None:
+    """``text`` on stdout as it is (the caller escapes what it took from outside), flushed: the
+    one way output is written, so that a closed stdout is noticed in one place."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise StdoutClosed from None
+
+
 def say(line: str) -> None:
     """One line of output on stdout, escaped: the way every verb prints data."""
-    typer.echo(printable(line))
+    out(printable(line) + "\n")
 
 
 def warn(message: str) -> None:
@@ -64,8 +82,7 @@ def print_json(data: Any) -> None:
     text = json.dumps(data, sort_keys=True, ensure_ascii=False)
     if not text.isprintable():
         text = "".join(char if char.isprintable() else _json_escape(char) for char in text)
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    out(text + "\n")
 
 
 def error_line(message: str, *details: str) -> None:
@@ -82,8 +99,64 @@ def fail(exc: RestorePointError, as_json: bool) -> NoReturn:
     A gate refusal adds one line for every mismatch: field, expected, found."""
     error_line(str(exc), *(getattr(exc, "details", None) or ()))
     if as_json:
-        print_json({"ok": False, "error": exc.to_dict()})
+        _json_last({"ok": False, "error": exc.to_dict()})
     raise typer.Exit(exc.exit_code)
+
+
+def quiet_exit() -> NoReturn:
+    """End the command for a closed stdout, as git does: nothing on stderr, the exit status a
+    SIGPIPE gives. What is still buffered for stdout goes to /dev/null, so that the flush at
+    interpreter shutdown cannot fail again (the Python docs' advice for SIGPIPE; the signal
+    itself stays ignored, as Python sets it, because a store's socket may raise it too)."""
+    stdout_to_devnull()
+    raise typer.Exit(EXIT_STDOUT_CLOSED)
+
+
+def stdout_to_devnull() -> None:
+    """Point stdout's descriptor at /dev/null: what is left in its buffer is dropped quietly."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no real stdout (embedded)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+
+
+def stdout_file() -> tuple[int, int] | None:
+    """Which file stdout's descriptor is (device, inode), to tell later whether it changed."""
+    try:
+        st = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (embedded)
+        return None
+    return st.st_dev, st.st_ino
+
+
+def stdout_gone(before: tuple[int, int] | None) -> bool:
+    """Whether stdout lost its reader, for a failure that reached us as something else than
+    our own write's: its pipe or socket says so (POLLERR, POLLHUP), or someone has pointed it
+    at /dev/null since ``before`` (rich does, then exits 1, when it prints click's help)."""
+    import select
+
+    now = stdout_file()
+    if now is not None and now != before:
+        st = os.stat(os.devnull)
+        if now == (st.st_dev, st.st_ino):
+            return True
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real stdout, or no poll() here
+        return False
+
+
+def _json_last(data: Any) -> None:
+    """The error as data on stdout after the stderr line; a closed stdout loses only that, and
+    the exit code stays the error's."""
+    try:
+        print_json(data)
+    except StdoutClosed:
+        stdout_to_devnull()
 
 
 def run(as_json: bool, body: Callable[[], T]) -> T:
@@ -97,6 +170,8 @@ def run(as_json: bool, body: Callable[[], T]) -> T:
         fail(exc, as_json)
     except typer.Exit:
         raise
+    except StdoutClosed:
+        quiet_exit()
     except Terminated:
         sys.stderr.write("restorepoint: terminated; nothing was published\n")
         raise typer.Exit(128 + signal.SIGTERM) from None
@@ -112,7 +187,7 @@ def run(as_json: bool, body: Callable[[], T]) -> T:
             f"{detail}\n"
         )
         if as_json:
-            print_json(
+            _json_last(
                 {
                     "ok": False,
                     "error": {
@@ -165,18 +240,32 @@ def progress_bar(
     from rich.console import Console
     from rich.progress import (
         BarColumn,
-        DownloadColumn,
         Progress,
+        ProgressColumn,
+        Task,
         TextColumn,
         TimeRemainingColumn,
-        TransferSpeedColumn,
     )
+    from rich.text import Text
+
+    # rich's own byte columns count in kB and MB (powers of 1000); every summary line here
+    # is in KiB and MiB (human_bytes). One unit system: the bar's columns use human_bytes too.
+    class Bytes(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            total = "?" if task.total is None else human_bytes(int(task.total))
+            return Text(f"{human_bytes(int(task.completed))}/{total}", style="progress.download")
+
+    class Speed(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            speed = task.finished_speed or task.speed
+            shown = "?" if speed is None else f"{human_bytes(int(speed))}/s"
+            return Text(shown, style="progress.data.speed")
 
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
+        Bytes(),
+        Speed(),
         TimeRemainingColumn(),
         console=Console(stderr=True),
         transient=True,

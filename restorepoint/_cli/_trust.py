@@ -59,14 +59,15 @@ def keygen_command(
     def body() -> None:
         from ..trust import generate, key_id, load_public
 
+        if kind not in ("signing", "encryption"):
+            raise UsageError(f"--for must be signing or encryption, not {kind!r}")
+        _make_parent(out)
         if kind == "signing":
             private, public = generate(out, "signing")
             kid = key_id(load_public(public, "signing").raw)
-        elif kind == "encryption":
+        else:
             private, public = generate(out, "encryption")
             kid = key_id(load_public(public, "encryption").raw)
-        else:
-            raise UsageError(f"--for must be signing or encryption, not {kind!r}")
         if json_:
             print_json(
                 {
@@ -81,3 +82,22 @@ def keygen_command(
             say(f"{kind} key {kid}: {private} (keep it secret), {public}")
 
     run(json_, body)
+
+
+def _make_parent(out: Path) -> None:
+    """A missing directory for the key is made, as pack makes its destination's; the key's
+    own directory with mode 0700 (only its owner may enter it: one of the files is a secret),
+    any above it as mkdir -p would."""
+    from ..errors import PermissionDenied
+
+    parent = out.parent
+    if parent.is_dir():
+        return
+    try:
+        parent.mkdir(mode=0o700, parents=True)
+    except PermissionError:
+        raise PermissionDenied("cannot make the key's directory", url=str(parent)) from None
+    except OSError as exc:  # a file where a directory is needed, a read-only file system
+        raise UsageError(
+            f"cannot make the key's directory ({exc.strerror})", url=str(parent)
+        ) from None

@@ -24,8 +24,9 @@ from typing import Annotated, Any
 
 import typer
 
+from .._text import printable
 from ..errors import MissingExtra, UsageError
-from ._common import print_json, run
+from ._common import out, print_json, run
 
 
 def _child(
@@ -50,9 +51,15 @@ def _finish(proc: subprocess.Popen[str], what: str, log: Path) -> int:
     from ..runtime.contract import EXIT_RESUMABLE
 
     if code not in (0, EXIT_RESUMABLE):
-        tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise UsageError(f"the {what} training run failed with exit {code}: {tail[0]}")
+        raise UsageError(f"the {what} training run failed with exit {code}: {_last_line(log)}")
     return code
+
+
+def _last_line(log: Path) -> str:
+    """A child's last line of stderr: its log may be in a temporary directory that is gone
+    once the error is printed, so the error quotes it rather than naming the file."""
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+    return tail[0]
 
 
 def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the README tells them
@@ -84,7 +91,10 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
                 raise UsageError(f"--workdir {workdir} is not empty")
             base.mkdir(parents=True, exist_ok=True)
             store = base / "store"
-            say = (lambda *a: None) if json_ else typer.echo
+
+            def say(line: str) -> None:
+                if not json_:
+                    out(line + "\n")
 
             say("1/4 training the reference run, uninterrupted ...")
             ref = _child(
@@ -112,7 +122,9 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
                     sent_at = time.perf_counter()
             code = child.wait()
             if code != EXIT_RESUMABLE:
-                raise UsageError(f"machine A exited {code}, not 42 (see {base / 'machine-a.log'})")
+                raise UsageError(
+                    f"machine A exited {code}, not 42: {_last_line(base / 'machine-a.log')}"
+                )
             (run_dir,) = list(a_root.iterdir())
             directory = RunDirectory(run_dir)
             events = list(directory.events())
@@ -146,6 +158,9 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
             same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]) and (
                 _equal_state(a["optimizer"], b["optimizer"], torch)
             )
+            # Without --workdir the store goes with the temporary directory: its path would
+            # name a file that no longer exists once this prints.
+            kept = entry.url if workdir is not None else None
             result = {
                 "bitwise_identical": same,
                 "import_seconds": round(import_s, 4),
@@ -153,7 +168,7 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
                 "ok": same,
                 "pack_seconds": upload["seconds"],
                 "preempted_at_step": status["step"],
-                "restore_point": entry.url,
+                "restore_point": kept,
                 "signal_sent_after_step": target,
                 "snapshot_pause_seconds": snap["pause_s"],
                 "steps_total": total,
@@ -161,15 +176,17 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
             if json_:
                 print_json(result)
             else:
-                typer.echo(
+                where = printable(kept) if kept else "deleted with the demo's temporary files"
+                where += "" if kept else " (--workdir DIR keeps them)"
+                out(
                     f"preempted at step {status['step']} of {total} (SIGTERM after step "
                     f"{target}; exit 42)\n"
                     f"snapshot pause {snap['pause_s'] * 1000:.1f} ms, pack and publish "
                     f"{upload['seconds'] * 1000:.1f} ms, import "
                     f"{import_s * 1000:.1f} ms\n"
-                    f"restore point {entry.url}\n"
+                    f"restore point {where}\n"
                     f"final weights and optimizer state bitwise identical to the "
-                    f"uninterrupted run: {'yes' if same else 'NO'}"
+                    f"uninterrupted run: {'yes' if same else 'NO'}\n"
                 )
             if not same:
                 raise typer.Exit(1)

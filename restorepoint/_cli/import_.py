@@ -6,12 +6,21 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from .._text import plural
 from ..errors import UsageError
-from ._common import human_bytes, print_json, progress_bar, run, say, show_progress, warn
+from ._common import (
+    human_bytes,
+    print_json,
+    progress_bar,
+    run,
+    say,
+    show_progress,
+    warn,
+)
 from ._expect import (
     AdapterOpt,
     AdapterOptionOpt,
@@ -28,6 +37,13 @@ from ._expect import (
 )
 from ._trust import IdentityOpt, RequireOpt, TrustOpt, build_trust
 from .store import LatestOpt, RunOpt, target
+
+if TYPE_CHECKING:
+    from ..ops import VerifyReport
+    from ..trust import Trust
+
+#: What a check without --verify says: the gate passed on the head, and no more was read.
+HEAD_ONLY = "compatible (head only; --verify checks the payload)"
 
 CommandArg = Annotated[
     list[str] | None,
@@ -152,7 +168,7 @@ def import_command(
         where = f"step {pos.step}" + (f", epoch {pos.epoch}" if pos.epoch is not None else "")
         where += f", batch {pos.batch}" if pos.batch is not None else ""
         say(
-            f"imported {where}: {len(result.files)} files, {human_bytes(result.bytes)} "
+            f"imported {where}: {plural(len(result.files), 'file')}, {human_bytes(result.bytes)} "
             f"verified into {result.dest} in {result.seconds:.2f} s"
         )
         if command is not None:
@@ -176,29 +192,66 @@ def check_command(
     adapter_option: AdapterOptionOpt = None,
     trusted: TrustOpt = None,
     require_signature: RequireOpt = False,
+    verify_: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="After the gate, verify the whole restore point (every payload digest), "
+            "with verify's exit codes.",
+        ),
+    ] = False,
+    identity: IdentityOpt = None,
     base: CommandArg = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The import gate alone: can this restore point be resumed here? Exit 0 or 3. Every field
-    it records must match a value known here (detected by --adapter, or given)."""
+    it records must match a value known here (detected by --adapter, or given). It reads the
+    head only; --verify then reads and checks the whole restore point too."""
 
     def body() -> None:
         from ..ops import check
 
+        if identity is not None and not verify_:
+            raise UsageError("--identity opens the payload: it goes with --verify")
         views = build_views(
             adapter=chosen_adapter(adapter, adapter_option), expect_file=expect,
             trainer=trainer, term=term, key=key, cache_root=cache_root, config=config,
             data=data, command=base or [],
         )  # fmt: skip
-        result = check(
-            target(url, use_latest, run_id),
-            views,
-            strict=True,
-            trust=build_trust(trusted, require=require_signature),
-        )
+        trust = build_trust(trusted, require=require_signature, identity=identity)
+        result = check(target(url, use_latest, run_id), views, strict=True, trust=trust)
+        step = result.manifest.position.step
+        if not verify_:
+            if json_:
+                print_json(result.to_dict() | {"checked": "head"})
+            else:
+                say(f"{HEAD_ONLY}: step {step} at {result.url}")
+            return
+        report = _verify_checked(result.url, result.manifest.id, trust, json_)
         if json_:
-            print_json(result.to_dict())
+            print_json(result.to_dict() | {"checked": "all", "verify": report.to_dict()})
         else:
-            say(f"compatible: step {result.manifest.position.step} ({result.url})")
+            say(
+                f"compatible and verified: step {step} at {result.url}, "
+                f"{plural(report.files, 'file')}, {human_bytes(report.bytes)}"
+            )
 
     run(json_, body)
+
+
+def _verify_checked(url: str, checked_id: str, trust: Trust, json_: bool) -> VerifyReport:
+    """``verify`` of the restore point the gate passed: the same URL, and the same restore
+    point (an object replaced between the two reads is a retryable failure, not a pass)."""
+    from ..errors import StorageUnavailable
+    from ..ops import verify
+
+    with progress_bar(show_progress(json_), "verifying") as (on_start, advance):
+        report = verify(url, progress=advance, on_start=on_start, trust=trust)
+    if report.manifest.id != checked_id:
+        raise StorageUnavailable(
+            "the restore point changed between the gate and the verify; run check again",
+            url=url,
+            expected=checked_id,
+            found=report.manifest.id,
+        )
+    return report

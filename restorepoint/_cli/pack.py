@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from .._text import plural
 from ..errors import UsageError
 from ._common import (
     error_line,
@@ -157,7 +158,7 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
         result = done.pack
         if not json_:
             say(
-                f"packed {result.files} files, {human_bytes(result.bytes)} -> "
+                f"packed {plural(result.files, 'file')}, {human_bytes(result.bytes)} -> "
                 f"{human_bytes(result.size)} in {result.seconds:.2f} s"
             )
             say(f"digest {result.digest}")

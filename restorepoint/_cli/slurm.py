@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ._common import parse_pairs, run
+from ._common import out, parse_pairs, run
 
 
 def slurm_template_command(
@@ -28,7 +28,7 @@ def slurm_template_command(
     def body() -> None:
         from ..slurm import render
 
-        typer.echo(
+        out(
             render(
                 trainer,
                 job_name=job_name,
@@ -36,8 +36,7 @@ def slurm_template_command(
                 max_resubmits=max_resubmits,
                 stop_signal=stop_signal,
                 sbatch=parse_pairs(sbatch, "--sbatch"),
-            ),
-            nl=False,
+            )
         )
 
     run(False, body)

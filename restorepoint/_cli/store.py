@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from .._text import plural
 from ..errors import UsageError
 from ._common import human_bytes, print_json, run, say
 from ._trust import IdentityOpt, TrustOpt, build_trust
@@ -136,6 +137,9 @@ def prune_command(
         for leftover in report.leftovers:
             say(f"{'delete' if dry_run else 'deleted'} {leftover}  (leftover)")
         total = sum(len(p.delete) for p in report.runs)
-        say(f"{verb} {total} restore point(s) and {len(report.leftovers)} leftover(s)")
+        say(
+            f"{verb} {plural(total, 'restore point')} and "
+            f"{plural(len(report.leftovers), 'leftover')}"
+        )
 
     run(json_, body)

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from .._text import plural
 from ._common import human_bytes, print_json, progress_bar, run, say, show_progress
 from ._trust import IdentityOpt, RequireOpt, TrustOpt, build_trust
 from .store import LatestOpt, RunOpt, target
@@ -36,7 +37,7 @@ def verify_command(
             print_json(report.to_dict())
         else:
             say(
-                f"ok: {report.files} files, {human_bytes(report.bytes)} verified "
+                f"ok: {plural(report.files, 'file')}, {human_bytes(report.bytes)} verified "
                 f"in {report.seconds:.2f} s (step {report.manifest.position.step})"
             )
             if report.signed_by:

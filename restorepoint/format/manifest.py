@@ -346,7 +346,10 @@ class Manifest:
         features = _str_list(obj.get("required_features", None), "required_features")
         unknown = sorted(set(features) - KNOWN_FEATURES)
         if unknown:
-            raise UnsupportedFormat(f"unknown required feature(s): {', '.join(unknown)}")
+            raise UnsupportedFormat(
+                f"unknown required {'feature' if len(unknown) == 1 else 'features'}: "
+                f"{', '.join(unknown)}"
+            )
         version = _str(obj.get("format_version"), "format_version")
         if not _VERSION.fullmatch(version):
             raise MalformedManifest(f"format_version {version!r} is not MAJOR.MINOR")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from .._posix import NotRegularFile, read_regular
+from .._text import plural
 from ..errors import ConfigError, IncompatibleRestorePoint, NotFound, UsageError, at_url
 from ..format import (
     CanonicalizationError,
@@ -46,6 +47,7 @@ __all__ = [
     "Unset",
     "carries",
     "check",
+    "compared_identity",
     "decide",
     "handoff_document",
     "load_expectations",
@@ -370,13 +372,19 @@ def world_mismatch(manifest: Manifest, world_size: int, source: str | None) -> M
     return Mismatch(WORLD_FIELD, world_size, found, source=source)
 
 
+def compared_identity(config: Mapping[str, Any], operational: Sequence[str]) -> str:
+    """The identity of this machine's config that the gate compares: computed with the
+    operational keys the restore point declares (``local-view --against`` shows this one)."""
+    return config_identity(config, operational)
+
+
 def _config_mismatches(
     manifest: Manifest, config: Mapping[str, Any], source: str | None
 ) -> list[Mismatch]:
-    """The config is compared by identity, computed with the operational keys that the restore
-    point declares; when the identities differ, every differing key is named."""
+    """The config is compared by its ``compared_identity``; when the identities differ, every
+    differing key is named."""
     operational = manifest.operational_keys
-    expected_identity = config_identity(config, operational)
+    expected_identity = compared_identity(config, operational)
     if expected_identity == manifest.config_identity:
         return []
     if manifest.config is None:
@@ -424,7 +432,7 @@ class CheckResult:
 def refuse(result: CheckResult) -> IncompatibleRestorePoint:
     fields = ", ".join(m.field for m in result.mismatches)
     return IncompatibleRestorePoint(
-        f"refused: {len(result.mismatches)} expectation(s) not met ({fields})",
+        f"refused: {plural(len(result.mismatches), 'expectation')} not met ({fields})",
         url=result.url,
         mismatches=[m.to_dict() for m in result.mismatches],
         details=[m.describe() for m in result.mismatches],

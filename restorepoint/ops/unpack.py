@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._posix import fsync_dir, rename_exchange
+from .._text import plural
 from ..errors import (
     DestinationError,
     IncompatibleRestorePoint,
@@ -232,9 +233,10 @@ def _check_world(url: str, head: Manifest, rank: int | None, world_size: int | N
         raise UsageError(f"rank {rank} is not below the world size {world_size or world}")
     found = None if world_size is None else world_mismatch(head, world_size, None)
     if found is not None:
+        assert world_size is not None  # a mismatch is found only for a world size given
         raise IncompatibleRestorePoint(
-            f"refusing to resume on {world_size} rank(s): the restore point was made by {world} "
-            "and its state is not declared reshardable",
+            f"refusing to resume on {plural(world_size, 'rank')}: the restore point was made "
+            f"by {world} and its state is not declared reshardable",
             url=url,
             mismatches=[found.to_dict()],
             details=[found.describe()],

@@ -19,7 +19,7 @@ from ._multipart import check_part, check_part_paths, missing_part, part_locatio
 from ._open import NO_TRUST, Trust, open_manifest
 from .pack import default_threads
 
-__all__ = ["VerifyReport", "read_head_of", "read_manifest", "verify"]
+__all__ = ["VerifyReport", "inspect_restore_point", "read_head_of", "read_manifest", "verify"]
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,10 @@ def _verify(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from verify
     on_start: Callable[[int], None] | None,
     trust: Trust,
     part_payloads: bool = True,
+    *,
+    payload: bool = True,
 ) -> VerifyReport:
-    report = _verify_object(location, started, threads, progress, on_start, trust)
+    report = _verify_object(location, started, threads, progress, on_start, trust, payload=payload)
     commit = report.manifest
     if commit.parts is None:
         return report
@@ -199,6 +201,22 @@ def _check_payload(  # noqa: PLR0913, PLR0917 - reader steps R9-R10, from _verif
     finally:
         stream.close()
     return checked
+
+
+def inspect_restore_point(
+    url: str | Location, *, storage_options: dict[str, Any] | None = None
+) -> VerifyReport:
+    """Everything of the restore point at ``url`` but its payload bytes, as ``verify`` reads
+    it: head, index and tail checked, every signature present checked for validity (trust is
+    not asked), and for a commit every part's head and index, each checked to be the part
+    named, so that ``files`` counts what a verify would (``bytes`` is 0: nothing was read of
+    the payload). No key is needed for an encrypted payload."""
+    started = time.perf_counter()
+    location = resolve(url, storage_options)
+    with at_url(location.url):
+        return _verify(
+            location, started, None, None, None, NO_TRUST, part_payloads=False, payload=False
+        )
 
 
 def read_head_of(url: str | Location, *, storage_options: dict[str, Any] | None = None) -> Head:

@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clirun import cli, one_error_line
+
+from restorepoint._cli.import_ import HEAD_ONLY
+from restorepoint.ops import read_manifest
 
 TERMS = ("--term", "cuda=12.4", "--term", "torch=2.13.0")
 
@@ -59,8 +63,40 @@ def test_check_compatible(packed: tuple[str, Path], config_file: Path) -> None:
     url, _ = packed
     proc = cli("check", url, *everything(config_file))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"compatible: step 7 ({url})\n"
+    assert proc.stdout == f"{HEAD_ONLY}: step 7 at {url}\n"
     assert proc.stderr == ""
+
+
+def test_check_verify_reads_what_the_head_does_not(
+    packed: tuple[str, Path], config_file: Path, tmp_path: Path
+) -> None:
+    """Half the object cut away: the gate (head only) passes, and says that is all it read;
+    --verify then fails as verify does (exit 1, one line); a sound one passes both."""
+    url, handoff = packed
+    proc = cli("check", url, *everything(config_file), "--verify", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["checked"] == "all" and out["compatible"] is True
+    assert out["verify"]["ok"] is True and out["verify"]["files"] == 2
+    proc = cli("check", url, *everything(config_file), "--verify")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith(f"compatible and verified: step 7 at {url}, 2 files, ")
+
+    cut = tmp_path / "cut.rp"
+    data = Path(url).read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    proc = cli("check", str(cut), *everything(config_file))
+    assert (proc.returncode, proc.stdout) == (0, f"{HEAD_ONLY}: step 7 at {cut}\n")
+    head_only = cli("check", str(cut), "--expect", str(handoff), "--json")
+    assert json.loads(head_only.stdout)["checked"] == "head"
+    proc = cli("check", str(cut), *everything(config_file), "--verify")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "restorepoint: error: " in one_error_line(proc)
+    # A refusal by the gate comes first, and nothing more is read.
+    proc = cli("check", str(cut), "--verify", "--trainer", "other=1", *TERMS)
+    assert proc.returncode == 3
+    proc = cli("check", url, "--identity", str(tmp_path / "key"), *everything(config_file))
+    assert proc.returncode == 2 and "--verify" in one_error_line(proc)
 
 
 def test_check_compatible_json(packed: tuple[str, Path]) -> None:
@@ -87,7 +123,7 @@ def test_check_refused_prints_one_line_per_mismatch(
     assert "Traceback" not in proc.stderr
     summary = proc.stderr.splitlines()[0]
     assert summary == (
-        f"restorepoint: error: {url}: refused: 4 expectation(s) not met "
+        f"restorepoint: error: {url}: refused: 4 expectations not met "
         "(trainer, terms.cuda, terms.torch, cache_root)"
     )
     # Terms are a whole map: torch is recorded but was not expected. Each line names where
@@ -260,3 +296,30 @@ def test_import_with_the_handoff_passes(tmp_path: Path, packed: tuple[str, Path]
     assert proc.returncode == 0, proc.stderr
     assert (dest / "model.bin").read_bytes() == bytes(range(256)) * 100
     assert (dest / "sub" / "state.json").read_text() == '{"step": 7}'
+
+
+def test_local_view_shows_the_identity_the_gate_compares(
+    packed: tuple[str, Path], config_file: Path
+) -> None:
+    """The restore point declares train.checkpoint_every operational: its config identity is
+    computed without it. local-view shows that identity with --against (the restore point's
+    keys) or the same --operational as the pack, and says which keys it used."""
+    url, _ = packed
+    recorded = read_manifest(url, head_only=True).config_identity
+
+    def shown(*args: str) -> dict[str, Any]:
+        proc = cli("local-view", "--config", str(config_file), *args, "--json")
+        assert proc.returncode == 0, proc.stderr
+        (fields,) = json.loads(proc.stdout)["views"]
+        return next(f for f in fields if f["field"] == "config_identity")
+
+    against = shown("--against", url)
+    assert against["value"] == recorded
+    assert against["operational_keys"] == ["train.checkpoint_every"]
+    assert shown("--operational", "train.checkpoint_every")["value"] == recorded
+    plain = shown()
+    assert plain["operational_keys"] == [] and plain["value"] != recorded
+    proc = cli("local-view", "--config", str(config_file), "--against", url)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert f"  config_identity  {recorded}  [--config; operational keys of {url}: " in (proc.stdout)
+    assert proc.stdout.endswith("train.checkpoint_every]\n")

@@ -67,7 +67,7 @@ def test_inspect_escapes_every_field(hostile: str) -> None:
     assert proc.returncode == 0, proc.stderr
     assert clean(proc.stdout)
     lines = proc.stdout.splitlines()
-    assert len(lines) == 14  # no value broke its line
+    assert len(lines) == 17  # no value broke its line
     assert f"trainer       {ESCAPED} {ESCAPED}" in lines
     for field in ("cache root", "cache keys", "terms", "producer"):
         assert "\\x1b]0;pwned" in next(line for line in lines if line.startswith(field))
@@ -84,7 +84,7 @@ def test_verify_escapes_an_unknown_feature_name(tmp_path: Path) -> None:
         proc = cli(*args, "--json")
         assert proc.returncode == 1
         assert clean(proc.stderr) and clean(proc.stdout)
-        assert "unknown required feature(s): \\x1b]0;pwned" in proc.stderr
+        assert "unknown required feature: \\x1b]0;pwned" in proc.stderr
         assert json.loads(proc.stdout)["error"]["class"] == "UnsupportedFormat"
 
 

@@ -11,6 +11,7 @@ import pytest
 from clirun import cli, one_error_line
 
 import restorepoint
+from restorepoint._cli.import_ import HEAD_ONLY
 from restorepoint.format import read_head
 from restorepoint.storage import resolve
 
@@ -142,7 +143,7 @@ def test_prune_dry_run_then_json(store: tuple[Path, dict[str, list[str]]]) -> No
         f"delete {urls['a'][0]}",
         f"delete {urls['a'][1]}",
         f"keep    {urls['b'][0]}  (newest; newest that verifies; keep-last 1)",
-        "would delete 2 restore point(s) and 0 leftover(s)",
+        "would delete 2 restore points and 0 leftovers",
     ]
 
     proc = cli("prune", str(root), "--keep-last", "1", "--keep-every", "2", "--dry-run", "--json")
@@ -192,7 +193,7 @@ def test_prune_deletes_and_says_so(store: tuple[Path, dict[str, list[str]]]) -> 
     assert proc.returncode == 0, proc.stderr
     assert f"deleted {urls['a'][0]}" in proc.stdout.splitlines()
     assert f"deleted {root}/a/{leftover.name}  (leftover)" in proc.stdout.splitlines()
-    assert proc.stdout.splitlines()[-1] == "deleted 1 restore point(s) and 1 leftover(s)"
+    assert proc.stdout.splitlines()[-1] == "deleted 1 restore point and 1 leftover"
     assert not leftover.exists() and not Path(urls["a"][0]).exists()
 
 
@@ -212,7 +213,7 @@ def test_prune_takes_a_partial_name_with_an_impossible_pid_for_a_dead_writer(
     proc = cli("prune", str(root), "--keep-last", "3")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    assert proc.stdout.splitlines()[-1] == "deleted 0 restore point(s) and 1 leftover(s)"
+    assert proc.stdout.splitlines()[-1] == "deleted 0 restore points and 1 leftover"
     assert not leftover.exists()
     assert young.exists()  # within the grace period, whatever its PID
     assert all(Path(url).exists() for run in urls.values() for url in run)
@@ -271,7 +272,7 @@ def test_reading_verbs_take_the_latest(
 
     proc = cli("check", str(root), "--latest", "--run", "b", "--trainer", "t=1.0")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == f"compatible: step 10 ({urls['b'][0]})"
+    assert proc.stdout.strip() == f"{HEAD_ONLY}: step 10 at {urls['b'][0]}"
 
     dest = tmp_path / "resumed"
     proc = cli("import", str(root), str(dest), "--latest", "--run", "a", "--json")

@@ -75,13 +75,19 @@ def packed(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Packed:
 
 
 def test_keygen_human(tmp_path: Path) -> None:
-    out = tmp_path / "k"
+    """Into a directory that does not exist yet: made, as pack makes its destination's."""
+    out = tmp_path / "keys" / "fleet" / "k"
     proc = cli("keygen", str(out))
     assert proc.returncode == 0, proc.stderr
     key_id = load_public(str(out) + ".pub", "signing").key_id
     assert proc.stdout == f"signing key {key_id}: {out} (keep it secret), {out}.pub\n"
     assert proc.stderr == ""
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert stat.S_IMODE(out.parent.stat().st_mode) == 0o700
+    # A file where the directory should be: one line, exit 2.
+    proc = cli("keygen", str(out / "k2"))
+    assert proc.returncode == 2
+    assert "cannot make the key's directory" in one_error_line(proc)
 
 
 def test_keygen_json_for_encryption(tmp_path: Path) -> None:
@@ -200,7 +206,17 @@ def test_check_with_a_signature_policy(keys: Keys, packed: Packed) -> None:
     policy = ("--trust", keys["signer"] + ".pub", "--require-signature")
     proc = cli("check", packed.sealed, "--term", "cuda=12.4", *policy)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("compatible: step 7")
+    assert proc.stdout.startswith("compatible (head only; --verify checks the payload): step 7")
+    # --verify reads the encrypted payload: it needs the recipient's key, as verify does.
+    proc = cli("check", packed.sealed, "--term", "cuda=12.4", *policy, "--verify")
+    assert proc.returncode == 1
+    assert "--identity" in one_error_line(proc)
+    proc = cli(
+        "check", packed.sealed, "--term", "cuda=12.4", *policy, "--verify",
+        "--identity", keys["recipient"],
+    )  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith("compatible and verified: step 7 at ")
     proc = cli("check", packed.unsigned, "--term", "cuda=12.4", *policy)
     assert proc.returncode == 1
     assert "a signature is required" in one_error_line(proc)

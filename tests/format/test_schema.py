@@ -636,6 +636,7 @@ def test_exit_code_table_matches_the_cli() -> None:
     expected = set(errors.EXIT_CODES.values()) | {
         _common.EXIT_INTERNAL,
         _common.EXIT_INTERRUPTED,
+        _common.EXIT_STDOUT_CLOSED,
         128 + 15,
     }
     assert codes == expected

@@ -368,7 +368,7 @@ def test_refusal_carries_one_line_per_mismatch(rp: tuple[str, restorepoint.Manif
         f"cache_root: here (none), in the restore point {ROOT}",
     ]
     assert str(info.value) == (
-        f"{rp[0]}: refused: 3 expectation(s) not met (terms.cuda, terms.nccl, cache_root)"
+        f"{rp[0]}: refused: 3 expectations not met (terms.cuda, terms.nccl, cache_root)"
     )
     error = info.value.to_dict()
     assert error["class"] == "IncompatibleRestorePoint"

@@ -97,10 +97,15 @@ def test_demo_without_numpy_prints_no_warning(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, env=env, check=False,
     )  # fmt: skip
     assert "Failed to initialize NumPy" in alone.stderr
-    proc = cli("demo", "--seed", "3", "--workdir", str(tmp_path / "demo"), env=env, timeout=300)
+    # Without --workdir: the store is deleted with the temporary directory, so no path is shown.
+    proc = cli("demo", "--seed", "3", env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert "bitwise identical to the uninterrupted run: yes" in proc.stdout
+    (where,) = [line for line in proc.stdout.splitlines() if line.startswith("restore point")]
+    assert where == (
+        "restore point deleted with the demo's temporary files (--workdir DIR keeps them)"
+    )
     runtime = subprocess.run(
         [sys.executable, "-c", "import restorepoint.torch"],
         capture_output=True, text=True, timeout=120, env=env, check=False,

@@ -75,11 +75,11 @@ from .contract import (
 )
 from .data import EpochSampler, effective_batches
 from .detect import TORCH_TERMS_SOURCE, torch_terms
-from .safe_load import safe_load
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
 from .state import (
     STATE_FORMAT,
     load_state,
+    read_state,
     remove_other_shared,
     rng_state,
     save_state,
@@ -395,7 +395,7 @@ class ResumableRun:
             return
         last = self.directory.checkpoints / "last.pt"
         if last.exists():
-            state = safe_load(last, extra_globals=self.safe_globals)
+            state = read_state(last, extra_globals=self.safe_globals)
             old = state.get("config") if isinstance(state, dict) else None
             if not isinstance(old, dict) or config_identity(old, self.operational) != self.identity:
                 self._refuse(old if isinstance(old, dict) else {}, None)
@@ -593,7 +593,7 @@ class ResumableRun:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 return int(json.loads((local.parent / POSITION_FILE).read_text())["step"])
         # With a process group the rank's own file is small: its shared state lies apart.
-        state = safe_load(local, extra_globals=self.safe_globals)
+        state = read_state(local, extra_globals=self.safe_globals)
         if not isinstance(state, dict):
             return -1
         ref = state.get("shared")

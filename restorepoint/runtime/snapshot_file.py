@@ -230,11 +230,12 @@ def write_snapshot_file(state: Any, path: Path) -> None:
 
 
 def is_snapshot_file(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is in the snapshot format rather than an older torch.save pickle (a
-    zip, "PK", or a bare pickle, 0x80): by its first bytes, never by its name."""
+    """Whether ``path`` is in the snapshot format rather than an older torch.save file (a
+    zip, "PK"; or a bare pickle, whose ninth byte is its magic number's): by its first bytes
+    (the header opens with "{" after its 8-byte length), never by its name."""
     with open(path, "rb") as f:
         head = f.read(9)
-    return len(head) == 9 and head[8:9] == b"{" and not head.startswith((b"PK", b"\x80"))
+    return len(head) == 9 and head[8:9] == b"{" and not head.startswith(b"PK")
 
 
 def _bad(path: str | os.PathLike[str], what: str) -> IntegrityError:

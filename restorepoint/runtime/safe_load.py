@@ -25,6 +25,7 @@ import pickle
 import pickletools
 import re
 import zipfile
+from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -238,6 +239,11 @@ class _Scan:
                     self.add(self.stack[-1] if self.stack else None, items, "set")
                 elif name == "GLOBAL":
                     module, _, attr = str(arg).partition(" ")
+                    # Python 2 names, mapped as torch's unpickler maps them (protocol 2).
+                    if (module, attr) in NAME_MAPPING:
+                        module, attr = NAME_MAPPING[(module, attr)]
+                    elif module in IMPORT_MAPPING:
+                        module = IMPORT_MAPPING[module]
                     full = f"{module}.{attr}"
                     if full not in self.allowed:
                         raise _Refused("", [full])
@@ -584,7 +590,11 @@ def safe_load(
         raise _refusal(os.fspath(path), _Refused("torch's loader refused it", asked)) from None
     except FileNotFoundError:
         raise
-    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+    except (
+        RuntimeError, EOFError, ValueError, OSError, TypeError, LookupError, ArithmeticError,
+        AttributeError,
+    ) as exc:  # fmt: skip
+        # What torch's own calls raise on arguments the scan let through (set([[1]]), say).
         raise IntegrityError(
             f"not a readable checkpoint ({type(exc).__name__})", url=os.fspath(path)
         ) from None

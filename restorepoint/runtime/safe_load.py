@@ -188,7 +188,8 @@ class _Scan:
     def run(self, data: bytes) -> None:  # noqa: PLR0912, PLR0915 - a case per opcode
         try:
             ops = pickletools.genops(data)
-            for op, arg, _ in ops:
+            for op, arg_, _ in ops:
+                arg: Any = arg_
                 name = op.name
                 if name in ("PROTO", "FRAME"):
                     continue

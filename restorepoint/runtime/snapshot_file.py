@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..errors import IntegrityError, MissingExtra, UsageError
+from ..errors import IntegrityError, MissingExtra, UsageError, at_url
 from ..format._json import CanonicalizationError, canonical_dumps, strict_loads
 from ..format.limits import MAX_SAFE_INTEGER
 
@@ -44,7 +44,8 @@ __all__ = [
 #: ``__metadata__["format"]`` of every snapshot file.
 SNAPSHOT_FORMAT = "restorepoint.snapshot/1"
 #: How deep values nest in a snapshot (a dict in a dict counts two); an optimizer's state is 5.
-MAX_STATE_DEPTH = 20
+#: Each level is three levels of the structure's JSON, which a reader limits to 64.
+MAX_STATE_DEPTH = 16
 #: The longest integer a structure spells as a string: 2**128 has 39 digits.
 MAX_INT_DIGITS = 40
 #: safetensors' own limit on the header, which holds the structure.
@@ -306,7 +307,7 @@ class _Decoder:
             return out
         raise _bad(self.path, f"an object with members {keys[:5]!a} in the structure")
 
-    def tensor(self, node: Mapping[str, Any]) -> str:
+    def tensor(self, node: Mapping[str, Any]) -> Any:
         name, dtype, shape = node["tensor"], node["dtype"], node["shape"]
         if not isinstance(name, str) or name != str(len(self.named)):
             raise _bad(self.path, f"tensor {name!a} named out of order")
@@ -353,7 +354,8 @@ def read_snapshot_file(path: str | os.PathLike[str]) -> Any:
         for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
             view = f.get_slice(name)
             shapes[name] = (view.get_dtype(), list(view.get_shape()))
-        node = strict_loads(metadata["structure"].encode("utf-8"), "snapshot structure")
+        with at_url(os.fspath(path)):
+            node = strict_loads(metadata["structure"].encode("utf-8"), "snapshot structure")
         checked = _Decoder(path, shapes)
         checked.value(node, 0)
         extra = sorted(set(shapes) - set(checked.named), key=lambda n: (len(n), n))

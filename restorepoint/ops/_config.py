@@ -1,6 +1,6 @@
 """Config files: JSON, YAML or TOML, read with real parsers, checked to be JSON data.
 
-Bounded before anything is built (docs/cli.md, "Config files"): the file at most
+Bounded before anything is built (docs/cli.md, `--config`): the file at most
 ``MAX_CONFIG_BYTES`` (a config must fit a restore point's head anyway); a YAML file at most
 ``MAX_YAML_ALIASES`` aliases, and at most ``MAX_CONFIG_VALUES`` values once its aliases are
 expanded, counted on the parsed nodes before a value is constructed ("billion laughs": nine

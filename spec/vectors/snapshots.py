@@ -46,6 +46,8 @@ class SnapshotVector:
     def record(self) -> dict[str, Any]:
         valid = self.expected_error is None
         out: dict[str, Any] = {
+            "name": self.name,
+            "kind": "snapshot",
             "file": self.file,
             "valid": valid,
             "expected_error": self.expected_error,

@@ -130,11 +130,22 @@ class _Node:
 _MARK = _Mark()
 
 
+class _Tuple(tuple):  # type: ignore[type-arg]
+    """A tuple the pickle builds, its depth computed once (a tuple of a thousand references to
+    one large tuple must not be walked a thousand times)."""
+
+    depth: int
+
+    @classmethod
+    def of(cls, items: Sequence[Any]) -> _Tuple:
+        t = cls(items)
+        t.depth = 1 + max((_depth(v) for v in items), default=0)
+        return t
+
+
 def _depth(value: Any) -> int:
-    if isinstance(value, _Node):
+    if isinstance(value, (_Node, _Tuple)):
         return value.depth
-    if isinstance(value, tuple):
-        return 1 + max((_depth(v) for v in value), default=0)
     return 0
 
 
@@ -209,16 +220,16 @@ class _Scan:
                     self.spend(len(arg) + 64)
                     self.push(bytes(arg))
                 elif name == "EMPTY_TUPLE":
-                    self.push(())
+                    self.push(_Tuple.of(()))
                 elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
                     n = int(name[-1])
                     items = [self.pop() for _ in range(n)][::-1]
                     self.spend(OBJECT_COST * (n + 1))
-                    self.push(tuple(items))
+                    self.push(_Tuple.of(items))
                 elif name == "TUPLE":
                     items = self.pop_mark()
                     self.spend(OBJECT_COST * (len(items) + 1))
-                    self.push(tuple(items))
+                    self.push(_Tuple.of(items))
                 elif name in ("EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET"):
                     self.spend(OBJECT_COST)
                     kind = {"EMPTY_LIST": "list", "EMPTY_DICT": "dict", "EMPTY_SET": "set"}
@@ -540,23 +551,26 @@ def runtime_globals() -> list[Any]:
     ]
 
 
-def _arrays(value: Any, depth: int = 0) -> Any:
-    """The loaded value with each stand-in array swapped for its numpy array."""
+def _arrays(value: Any, depth: int = 0, done: dict[int, Any] | None = None) -> Any:
+    """The loaded value with each stand-in array swapped for its numpy array; each container
+    visited once, however often the pickle refers to it."""
     if isinstance(value, _Array):
         return value.value
-    if depth > MAX_DEPTH:
+    if depth > MAX_DEPTH or not isinstance(value, (dict, list, tuple)):
         return value
+    done = {} if done is None else done
+    if id(value) in done:
+        return done[id(value)]
+    done[id(value)] = value
     if isinstance(value, dict):
         for key, item in value.items():
             if isinstance(item, (dict, list, tuple, _Array)):
-                value[key] = _arrays(item, depth + 1)
-        return value
-    if isinstance(value, list):
-        value[:] = [_arrays(item, depth + 1) for item in value]
-        return value
-    if isinstance(value, tuple):
-        return tuple(_arrays(item, depth + 1) for item in value)
-    return value
+                value[key] = _arrays(item, depth + 1, done)
+    elif isinstance(value, list):
+        value[:] = [_arrays(item, depth + 1, done) for item in value]
+    else:
+        done[id(value)] = tuple(_arrays(item, depth + 1, done) for item in value)
+    return done[id(value)]
 
 
 @contextmanager

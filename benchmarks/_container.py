@@ -8,10 +8,10 @@ from ``--workdir`` (page cache warm for both, as on a resume right after an impo
 
 - pause: the copy of the live state to CPU memory that a snapshot pauses training for
   (``to_cpu``, the same for both: it is what either writer is then given);
-- save: the background write of that copy: ``save_state`` (the snapshot file, fsync, rename)
-  against ``torch.save`` to a file + fsync;
-- load: what a resume does, to the state dict in memory: ``load_state`` (parse, check, map the
-  tensors) against ``torch.load(weights_only=True)`` and against the legacy loader (the scan,
+- save: the background write of that copy to a new file: ``save_state`` (the snapshot file,
+  fsync, rename) against ``torch.save`` to a file + fsync;
+- load: what a resume does, to the state dict in memory: ``load_state`` (parse, check, read
+  each tensor into memory of its own) against ``torch.load(weights_only=True)`` and against the legacy loader (the scan,
   then the same torch.load);
 - resume: load, then ``load_state_dict`` into the model and the optimizer (every byte read).
 """
@@ -94,6 +94,10 @@ def measure(model: Any, optimizer: Any, workdir: Path, repeat: int) -> dict[str,
         order = list(steps)
         random.Random(r).shuffle(order)
         for name in order:
+            # Each save writes a new file: replacing the last round's (freeing its 1 GiB of
+            # blocks and pages) is not what is compared, and one writer would pay it by a
+            # rename, the other by a truncation.
+            (new if name == "save_new" else old).unlink(missing_ok=True)
             times[name].append(_time(steps[name]))
         loads: dict[str, Callable[[], Any]] = {
             "load_new": lambda: load_state(new),

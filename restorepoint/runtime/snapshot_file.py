@@ -20,6 +20,7 @@ once, with the dtype and shape the file records for it.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 from collections import OrderedDict
@@ -324,8 +325,8 @@ class _Decoder:
 
 
 def read_snapshot_file(path: str | os.PathLike[str]) -> Any:
-    """The state a snapshot file holds. The tensors are mapped from the file (safetensors,
-    copy-on-write), not read: a resume pays for the bytes it copies into the model.
+    """The state a snapshot file holds, every tensor read into memory of its own (nothing
+    refers to the file afterwards).
 
     Raises IntegrityError (MalformedManifest for the structure's JSON) when the file is not a
     sound snapshot: not a safetensors file, another format, a structure that is not canonical
@@ -364,5 +365,55 @@ def read_snapshot_file(path: str | os.PathLike[str]) -> Any:
                 path,
                 f"the file holds tensor {ascii(extra[0])[1:-1]}, which the structure does not name",
             )
-        # Checked whole before a tensor is mapped.
-        return _Decoder(path, shapes, f.get_tensor).value(node, 0)
+    # Checked whole (safetensors checked the container, the structure was checked against it)
+    # before a tensor is read.
+    with open(path, "rb") as raw:
+        return _Decoder(path, shapes, _Reader(path, raw, shapes).tensor).value(node, 0)
+
+
+class _Reader:
+    """Each tensor read into memory of its own, by its offsets in the header that safetensors
+    has checked. Not a mapping of the file: an optimizer's load_state_dict keeps the tensors
+    it is given, and training state backed by the file would change if the file were
+    rewritten in place (cp, rsync --inplace), or fault (SIGBUS) if it were truncated; and
+    faulting a mapping in page by page is several times slower than reading it."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        f: Any,
+        shapes: Mapping[str, tuple[str, list[int]]],
+    ) -> None:
+        self.path, self.f, self.shapes = path, f, shapes
+        length = int.from_bytes(f.read(8), "little")
+        if length > MAX_HEADER_BYTES:
+            raise _bad(path, "its header length is beyond the file")
+        self.base = 8 + length
+        try:
+            self.header = json.loads(f.read(length))
+        except (ValueError, RecursionError):
+            raise _bad(path, "its header changed while it was read") from None
+
+    def tensor(self, name: str) -> torch.Tensor:
+        # Checked again on what this open of the file says (it may have been replaced since
+        # safetensors read it): the bytes read are exactly the tensor's.
+        entry = self.header.get(name) if isinstance(self.header, dict) else None
+        dtype, shape = self.shapes[name]
+        if not isinstance(entry, dict) or [entry.get("dtype"), entry.get("shape")] != [
+            dtype,
+            shape,
+        ]:
+            raise _bad(self.path, "its header changed while it was read")
+        t = torch.empty(shape, dtype=_CODES[dtype])
+        begin, end = entry.get("data_offsets") or (None, None)
+        size = t.numel() * t.element_size()
+        if not (
+            isinstance(begin, int) and isinstance(end, int) and begin >= 0 and end - begin == size
+        ):
+            raise _bad(self.path, "its header changed while it was read")
+        if size:
+            self.f.seek(self.base + begin)
+            view = (ctypes.c_ubyte * size).from_address(t.data_ptr())
+            if self.f.readinto(view) != size:
+                raise _bad(self.path, f"tensor {name} is cut short")
+        return t

@@ -525,7 +525,7 @@ class _Array:
 
 
 def _reconstruct(cls: Any, shape: Any, code: Any) -> _Array:
-    if cls is not _NDArray or shape != (0,) or code != b"b":
+    if not (isinstance(cls, type) and issubclass(cls, _NDArray)) or shape != (0,) or code != b"b":
         raise pickle.UnpicklingError("an array other than plain uint32")
     return _Array()
 
@@ -540,15 +540,32 @@ class _NDArray:
     pass
 
 
+def _named(obj: Any, name: str) -> Any:
+    """``obj`` under the name a pickle gives what it stands in for: torch's allowlist looks a
+    global up by ``__module__`` and ``__qualname__`` (every torch with ``safe_globals``)."""
+    obj.__module__, _, obj.__qualname__ = name.rpartition(".")
+    return obj
+
+
+def _reconstruct_for(name: str) -> Any:
+    def reconstruct(cls: Any, shape: Any, code: Any) -> _Array:
+        return _reconstruct(cls, shape, code)
+
+    return _named(reconstruct, name)
+
+
+_STAND_INS = [
+    *(_reconstruct_for(name) for name in _NUMPY_RECONSTRUCT),
+    _named(type("ndarray", (_NDArray,), {}), "numpy.ndarray"),
+    _named(_dtype, "numpy.dtype"),
+    _Array,
+    _DType,
+]
+
+
 def runtime_globals() -> list[Any]:
-    """The stand-ins, by the names a pickle gives numpy's (torch's ``(object, name)`` form)."""
-    return [
-        *((_reconstruct, name) for name in _NUMPY_RECONSTRUCT),
-        (_NDArray, "numpy.ndarray"),
-        (_dtype, "numpy.dtype"),
-        (_Array, "restorepoint.runtime.safe_load._Array"),
-        (_DType, "restorepoint.runtime.safe_load._DType"),
-    ]
+    """The stand-ins, each under the name a pickle gives what it stands in for."""
+    return list(_STAND_INS)
 
 
 def _arrays(value: Any, depth: int = 0, done: dict[int, Any] | None = None) -> Any:

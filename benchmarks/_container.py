@@ -11,8 +11,8 @@ from ``--workdir`` (page cache warm for both, as on a resume right after an impo
 - save: the background write of that copy to a new file: ``save_state`` (the snapshot file,
   fsync, rename) against ``torch.save`` to a file + fsync;
 - load: what a resume does, to the state dict in memory: ``load_state`` (parse, check, read
-  each tensor into memory of its own) against ``torch.load(weights_only=True)`` and against the legacy loader (the scan,
-  then the same torch.load);
+  each tensor into memory of its own) against ``torch.load(weights_only=True)`` and against
+  the legacy loader (the scan, then the same torch.load);
 - resume: load, then ``load_state_dict`` into the model and the optimizer (every byte read).
 """
 

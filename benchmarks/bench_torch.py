@@ -3,6 +3,10 @@ costs a training loop, against what a plain loop does on a signal (torch.save + 
 
     python benchmarks/bench_torch.py [--state-mb 100] [--steps 60] [--repeat 3]
         [--snapshots 3] [--threads 1] [--batch 8] [--workdir DIR] [--json]
+    python benchmarks/bench_torch.py --container [--state-mb 1024] [--repeat 3]
+
+``--container`` compares the snapshot file with torch.save / torch.load of the same state
+instead (``_container.py``).
 
 A model of 1024x1024 Linear layers with an Adam optimizer (two moments per parameter, so the
 state_dicts are three times the parameters) trains on a fixed batch. Each round runs five
@@ -526,6 +530,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
     parser.add_argument("--snapshots", type=int, default=3, help="signals per segment (default 3)")
     parser.add_argument("--json", action="store_true", help="also print every number as JSON")
+    parser.add_argument(
+        "--container",
+        action="store_true",
+        help="the snapshot file against torch.save/torch.load (state default 1024 MB)",
+    )
     args = parser.parse_args(argv)
     if args.state_mb <= 0 or args.steps < 3 or min(args.repeat, args.threads, args.snapshots) < 1:
         parser.error(
@@ -547,6 +556,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     workdir: Path = args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.container:
+        import _container
+
+        state_mb = args.state_mb if "--state-mb" in (argv or sys.argv) else 1024.0
+        numbers = _container.run(state_mb, workdir, args.repeat)
+        _container.print_table(numbers)
+        if args.json:
+            print(json.dumps(numbers, indent=2))
+        return 0
     load_start = os.getloadavg()
     whole_run = OtherLoad()
     trainer = build(layers_for(args.state_mb), args.batch)

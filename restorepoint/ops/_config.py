@@ -1,4 +1,11 @@
-"""Config files: JSON, YAML or TOML, read with real parsers, checked to be JSON data."""
+"""Config files: JSON, YAML or TOML, read with real parsers, checked to be JSON data.
+
+Bounded before anything is built (docs/cli.md, `--config`): the file at most
+``MAX_CONFIG_BYTES`` (a config must fit a restore point's head anyway); a YAML file at most
+``MAX_YAML_ALIASES`` aliases, and at most ``MAX_CONFIG_VALUES`` values once its aliases are
+expanded, counted on the parsed nodes before a value is constructed ("billion laughs": nine
+levels of ten aliases are 10**9 values from a file of a kilobyte); a recursive alias is
+refused. Each refusal is a ConfigError (exit 2)."""
 
 from __future__ import annotations
 
@@ -11,14 +18,27 @@ from typing import Any
 
 from .._posix import read_regular
 from ..errors import ConfigError, NotFound
-from ..format.limits import MAX_JSON_DEPTH
+from ..format.limits import MAX_HEAD_BYTES, MAX_JSON_DEPTH
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["check_json_data", "load_config"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_VALUES",
+    "MAX_YAML_ALIASES",
+    "check_json_data",
+    "load_config",
+]
+
+#: A config file's size at most: the head it is packed into holds at most this.
+MAX_CONFIG_BYTES = MAX_HEAD_BYTES
+#: Values in a config at most, aliases expanded (a mapping's key and value count one each).
+MAX_CONFIG_VALUES = 1 << 18
+#: Aliases (``*name``) in a YAML config at most.
+MAX_YAML_ALIASES = 1000
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -27,32 +47,27 @@ def load_config(path: str | Path) -> dict[str, Any]:
     import yaml  # here: a verb without --config does not pay for it
 
     p = Path(path)
-    try:
-        text = read_regular(p).decode("utf-8")
-    except FileNotFoundError:
-        raise NotFound("config file not found", url=str(path)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read the config file ({exc.strerror})", url=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"cannot read the config file ({exc})", url=str(path)) from None
+    text = _read_text(p, path)
     suffix = p.suffix.lower()
     try:
         if suffix == ".toml":
             data: Any = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
+            data = _load_yaml(text)
         elif suffix == ".json":
             data = json.loads(text, parse_constant=_reject_constant)
         else:
             try:
                 data = json.loads(text, parse_constant=_reject_constant)
             except json.JSONDecodeError:
-                data = yaml.safe_load(text)
+                data = _load_yaml(text)
     except RecursionError:
         # A nesting bomb: the parsers recurse, and the depth limit is far below theirs anyway.
         raise ConfigError(
             f"the config is nested deeper than {_MAX_CONFIG_DEPTH}", url=str(path)
         ) from None
+    except ConfigError as exc:
+        raise ConfigError(exc.message, url=str(path)) from None
     except (json.JSONDecodeError, yaml.YAMLError, tomllib.TOMLDecodeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"not a valid config file ({first})", url=str(path)) from None
@@ -63,6 +78,93 @@ def load_config(path: str | Path) -> dict[str, Any]:
         return checked
     except ConfigError as exc:
         raise ConfigError(exc.message, url=str(path)) from None
+
+
+def _read_text(p: Path, path: str | Path) -> str:
+    """The file's text, refused beyond MAX_CONFIG_BYTES before it is read whole."""
+    try:
+        if p.is_file() and p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"the config file is larger than {MAX_CONFIG_BYTES} bytes", url=str(path)
+            )
+        raw = read_regular(p)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"the config file is larger than {MAX_CONFIG_BYTES} bytes", url=str(path)
+            )
+        return raw.decode("utf-8")
+    except FileNotFoundError:
+        raise NotFound("config file not found", url=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file ({exc.strerror})", url=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read the config file ({exc})", url=str(path)) from None
+
+
+def _load_yaml(text: str) -> Any:
+    """yaml.safe_load, with the aliases counted and the expanded size measured on the nodes
+    before any value is constructed."""
+    import yaml
+
+    class Bounded(yaml.SafeLoader):
+        aliases = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_YAML_ALIASES:
+                    raise ConfigError(f"the config has more than {MAX_YAML_ALIASES} YAML aliases")
+            return super().compose_node(parent, index)
+
+        def get_single_data(self) -> Any:
+            node = self.get_single_node()
+            if node is None:
+                return None
+            _expanded_size(node)
+            return self.construct_document(node)
+
+    loader = Bounded(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root: Any) -> int:
+    """How many values ``root`` stands for with its aliases expanded (a node an alias names
+    is counted each time it is named), refused beyond MAX_CONFIG_VALUES; iterative, with
+    each node's size computed once."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if done:
+            open_nodes.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[key] > MAX_CONFIG_VALUES:
+                raise ConfigError(
+                    f"the config expands to more than {MAX_CONFIG_VALUES} values "
+                    "(YAML aliases are counted each time they are used)"
+                )
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise ConfigError("the config has a recursive YAML alias")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def _children(node: Any) -> list[Any]:
+    value = node.value
+    if isinstance(value, list):
+        return [c for item in value for c in (item if isinstance(item, tuple) else (item,))]
+    return []
 
 
 def _reject_constant(name: str) -> Any:

@@ -76,9 +76,8 @@ from .detect import TORCH_TERMS_SOURCE, torch_terms
 from .identity import RECOVERY_KEYS, operational_keys, run_id_for, snapshot_interval
 from .publish import Publisher, json_line, rank_file
 from .resume_from import RUNTIME_HINTS, display, gate_handed, handed, store_snapshot
-from .safe_load import safe_load
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
-from .state import STATE_FORMAT, load_state, rng_state, set_rng, to_cpu
+from .state import STATE_FORMAT, load_state, read_state, rng_state, set_rng, to_cpu
 from .stop import finish_uploads, stop
 from .worker import Snapshot, SnapshotWorker
 
@@ -409,7 +408,7 @@ class ResumableRun:
             return
         last = self.directory.checkpoints / "last.pt"
         if last.exists():
-            state = safe_load(last, extra_globals=self.safe_globals)
+            state = read_state(last, extra_globals=self.safe_globals)
             old = state.get("config") if isinstance(state, dict) else None
             if not isinstance(old, dict) or config_identity(old, self.operational) != self.identity:
                 self._refuse(old if isinstance(old, dict) else {}, None)
@@ -602,7 +601,7 @@ class ResumableRun:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 return int(json.loads((local.parent / POSITION_FILE).read_text())["step"])
         # With a process group the rank's own file is small: its shared state lies apart.
-        state = safe_load(local, extra_globals=self.safe_globals)
+        state = read_state(local, extra_globals=self.safe_globals)
         if not isinstance(state, dict):
             return -1
         ref = state.get("shared")
@@ -697,7 +696,10 @@ class ResumableRun:
             "config": self.config,
             "format": STATE_FORMAT,
             "identity": self.identity,
-            "objects": {name: to_cpu(obj.state_dict()) for name, obj in self.objects.items()},
+            "objects": {
+                name: to_cpu(obj.state_dict(), f"objects[{name!r}]")
+                for name, obj in self.objects.items()
+            },
             "operational_keys": self.operational,
             "position": self.position.to_dict(),
             "rank": self._rank,

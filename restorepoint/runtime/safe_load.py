@@ -1,13 +1,18 @@
-"""Loading a checkpoint file without letting it run code: the one owner of "no pickle from a
-restore point runs code" (spec section 24).
+"""Loading a torch.save checkpoint without letting it run code or take the machine's memory:
+the one owner of "no pickle from a restore point runs code" (spec section 24) for the files
+that are still pickles: snapshots of older releases and Lightning's ``.ckpt``. The runtime's
+own snapshots hold no pickle (``snapshot_file``).
 
-``torch.save`` writes a pickle, and a pickle names functions to call when it is loaded: a
-``last.pt`` made with ``torch.save({"objects": Evil()})``, ``Evil.__reduce__`` returning
-``(os.system, (...))``, runs that command in a full ``torch.load``. Every load of a
-checkpoint here is ``weights_only=True``: tensors and plain data (dicts, lists, tuples, numbers,
-strings), and beyond that only the explicit, minimal allowlist of what the runtime itself saves
-(numpy's RNG state, an array of uint32). Anything else is refused as ``UnsafeCheckpoint`` before
-any of it is built, naming what it asked for; nothing is run.
+A pickle names functions to call when it is loaded, and the objects it builds take what memory
+the file asks for. Before torch's weights-only unpickler runs, the file is checked whole
+without building anything of it (``pickle_scan.scan``: the globals it names and their
+arguments, its storages against their records, what it would build against
+``MAX_PICKLE_ALLOCATION``). Anything else is refused as ``UnsafeCheckpoint`` (exit 1) naming
+what it asked for; nothing of it is built, nothing is run.
+
+numpy is admitted only for what older snapshots hold (numpy's RNG state: one array of uint32),
+and only through stand-ins that take exactly that shape: a dtype is never constructed from
+what the file says (no object dtype, no fields, offsets or flags).
 """
 
 from __future__ import annotations
@@ -19,16 +24,36 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import IntegrityError, MissingExtra, UnsafeCheckpoint
+from ..errors import IntegrityError, MissingExtra
+from .pickle_scan import (
+    DTYPE_STATE,
+    LEGACY_GLOBALS,
+    MAX_DEPTH,
+    MAX_PICKLE_ALLOCATION,
+    MAX_PICKLE_BYTES,
+    NUMPY_RECONSTRUCT,
+    Refused,
+    refusal,
+    scan,
+)
 
-__all__ = ["RUNTIME_GLOBALS", "check_loadable", "runtime_globals", "safe_load"]
+__all__ = [
+    "LEGACY_GLOBALS",
+    "MAX_DEPTH",
+    "MAX_PICKLE_ALLOCATION",
+    "MAX_PICKLE_BYTES",
+    "RUNTIME_GLOBALS",
+    "check_loadable",
+    "runtime_globals",
+    "safe_load",
+    "scan",
+]
 
-#: What the allowlist admits beyond torch's own weights-only set, by name (for the docs).
+#: What the allowlist admits beyond tensors and plain data, by name (for the docs).
 RUNTIME_GLOBALS = (
     "numpy._core.multiarray._reconstruct (numpy.core.multiarray on numpy 1)",
     "numpy.ndarray",
-    "numpy.dtype",
-    "numpy.dtypes.UInt32DType",
+    "numpy.dtype ('u4' only)",
 )
 
 
@@ -40,22 +65,103 @@ def _torch() -> Any:
     return torch
 
 
-def runtime_globals() -> list[Callable[..., Any]]:
-    """The allowlist itself: numpy's RNG state is ``('MT19937', uint32 array, int, int,
-    float)``, and an array unpickles through numpy's reconstruct function, the ndarray and
-    dtype classes and the uint32 dtype class. No other dtype: an object array would unpickle
-    arbitrary objects. Empty where numpy is not installed (then the runtime saves no numpy
-    state either)."""
-    try:
+# -- the load: torch's weights-only unpickler, with stand-ins for numpy ----------------------
+
+
+class _DType:
+    """What ``numpy.dtype('u4', False, True)`` stands for; its state is checked, not set."""
+
+    def __setstate__(self, state: Any) -> None:
+        if state != DTYPE_STATE:
+            raise pickle.UnpicklingError("a dtype state other than plain uint32")
+
+
+class _Array:
+    """What numpy's ``_reconstruct(ndarray, (0,), b'b')`` stands for: a 1-d uint32 array,
+    made from its bytes by the caller (``_arrays``), never by numpy's unpickling."""
+
+    value: Any = None
+
+    def __setstate__(self, state: Any) -> None:
         import numpy
-    except ImportError:
-        return []
-    core = getattr(numpy, "_core", None) or numpy.core
-    out: list[Callable[..., Any]] = [core.multiarray._reconstruct, numpy.ndarray, numpy.dtype]
-    dtypes = getattr(numpy, "dtypes", None)
-    if dtypes is not None and hasattr(dtypes, "UInt32DType"):
-        out.append(dtypes.UInt32DType)
-    return out
+
+        if not (
+            isinstance(state, tuple)
+            and len(state) == 5
+            and state[0] == 1
+            and isinstance(state[2], _DType)
+            and state[3] is False
+            and isinstance(state[4], bytes)
+            and len(state[4]) == 4 * state[1][0]
+        ):
+            raise pickle.UnpicklingError("an array other than plain uint32")
+        self.value = numpy.frombuffer(state[4], dtype="<u4").copy()
+
+
+def _reconstruct(cls: Any, shape: Any, code: Any) -> _Array:
+    if not (isinstance(cls, type) and issubclass(cls, _NDArray)) or shape != (0,) or code != b"b":
+        raise pickle.UnpicklingError("an array other than plain uint32")
+    return _Array()
+
+
+def _dtype(code: Any, align: Any, copy: Any) -> _DType:
+    if (code, align, copy) != ("u4", False, True):
+        raise pickle.UnpicklingError("a dtype other than plain uint32")
+    return _DType()
+
+
+class _NDArray:
+    pass
+
+
+def _named(obj: Any, name: str) -> Any:
+    """``obj`` under the name a pickle gives what it stands in for: torch's allowlist looks a
+    global up by ``__module__`` and ``__qualname__`` (every torch with ``safe_globals``)."""
+    obj.__module__, _, obj.__qualname__ = name.rpartition(".")
+    return obj
+
+
+def _reconstruct_for(name: str) -> Any:
+    def reconstruct(cls: Any, shape: Any, code: Any) -> _Array:
+        return _reconstruct(cls, shape, code)
+
+    return _named(reconstruct, name)
+
+
+_STAND_INS = [
+    *(_reconstruct_for(name) for name in NUMPY_RECONSTRUCT),
+    _named(type("ndarray", (_NDArray,), {}), "numpy.ndarray"),
+    _named(_dtype, "numpy.dtype"),
+    _Array,
+    _DType,
+]
+
+
+def runtime_globals() -> list[Any]:
+    """The stand-ins, each under the name a pickle gives what it stands in for."""
+    return list(_STAND_INS)
+
+
+def _arrays(value: Any, depth: int = 0, done: dict[int, Any] | None = None) -> Any:
+    """The loaded value with each stand-in array swapped for its numpy array; each container
+    visited once, however often the pickle refers to it."""
+    if isinstance(value, _Array):
+        return value.value
+    if depth > MAX_DEPTH or not isinstance(value, (dict, list, tuple)):
+        return value
+    done = {} if done is None else done
+    if id(value) in done:
+        return done[id(value)]
+    done[id(value)] = value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, (dict, list, tuple, _Array)):
+                value[key] = _arrays(item, depth + 1, done)
+    elif isinstance(value, list):
+        value[:] = [_arrays(item, depth + 1, done) for item in value]
+    else:
+        done[id(value)] = tuple(_arrays(item, depth + 1, done) for item in value)
+    return done[id(value)]
 
 
 @contextmanager
@@ -65,34 +171,8 @@ def _allowed(extra: Sequence[Callable[..., Any]]) -> Iterator[None]:
         yield
 
 
-def _unsafe(path: str | os.PathLike[str], exc: BaseException) -> IntegrityError:
-    """What a refused weights-only load means: a checkpoint that asks for something it may not
-    have (UnsafeCheckpoint, naming it), or one whose pickle is broken (IntegrityError)."""
-    torch = _torch()
-    try:
-        asked = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:  # not a torch zip at all (a legacy pickle, or garbage)
-        asked = []
-    allowed = {f"{g.__module__}.{g.__qualname__}" for g in runtime_globals()}
-    asked = [name for name in asked if name not in allowed]
-    said = str(exc)
-    if not asked:
-        # A class it would build (an object array's dtype), or a global a legacy pickle names.
-        asked = [a or b for a, b in re.findall(r"got <class '([^']+)'>|GLOBAL (\S+)", said)]
-    if not asked and not any(word in said for word in ("global", "Can only build", "allowlist")):
-        return IntegrityError(
-            "not a readable checkpoint (its pickle is broken)", url=os.fspath(path)
-        )
-    # Names from a hostile file: escaped (ascii) before they reach a terminal.
-    what = ", ".join(ascii(name)[1:-1] for name in asked[:5]) or "a global it may not name"
-    if len(asked) > 5:
-        what += f" and {len(asked) - 5} more"
-    return UnsafeCheckpoint(
-        f"refused to load: it asks for {what}, which is not tensors or plain data "
-        "(loading it could run code; nothing of it was run)",
-        url=os.fspath(path),
-        found=asked or None,
-    )
+def _name(g: Any) -> str:
+    return g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}"
 
 
 def safe_load(
@@ -101,28 +181,36 @@ def safe_load(
     extra_globals: Sequence[Callable[..., Any]] = (),
     mmap: bool = False,
 ) -> Any:
-    """``torch.load(path, weights_only=True)`` onto the CPU, with the runtime's allowlist and
-    ``extra_globals`` (classes a caller vouches for; the caller's responsibility). Raises
-    UnsafeCheckpoint (exit 1) when the file asks for anything else, an IntegrityError when it
-    is not a readable checkpoint at all."""
+    """The checkpoint, loaded onto the CPU once ``scan`` has passed it: torch.load with
+    ``weights_only=True``, numpy's stand-ins and ``extra_globals`` (classes a caller vouches
+    for; the caller's responsibility). Raises UnsafeCheckpoint (exit 1) when the file asks for
+    anything else, an IntegrityError when it is not a readable checkpoint at all."""
     torch = _torch()
+    scan(path, [_name(g) for g in extra_globals])
     try:
         with _allowed(extra_globals):
-            return torch.load(os.fspath(path), map_location="cpu", weights_only=True, mmap=mmap)
+            loaded = torch.load(os.fspath(path), map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
-        raise _unsafe(path, exc) from None
+        said = str(exc)
+        asked = [a or b for a, b in re.findall(r"got <class '([^']+)'>|GLOBAL (\S+)", said)]
+        raise refusal(os.fspath(path), Refused("torch's loader refused it", asked)) from None
     except FileNotFoundError:
         raise
-    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+    except (
+        RuntimeError, EOFError, ValueError, OSError, TypeError, LookupError, ArithmeticError,
+        AttributeError,
+    ) as exc:  # fmt: skip
+        # What torch's own calls raise on arguments the scan let through (set([[1]]), say).
         raise IntegrityError(
             f"not a readable checkpoint ({type(exc).__name__})", url=os.fspath(path)
         ) from None
+    return _arrays(loaded)
 
 
 def check_loadable(
     path: str | os.PathLike[str], *, extra_globals: Sequence[Callable[..., Any]] = ()
 ) -> None:
-    """Refuse (UnsafeCheckpoint) a checkpoint that a weights-only load refuses, before a
-    trainer that loads it its own way (Lightning) does; mmap, so the tensors of a large file
-    are not read."""
+    """Refuse (UnsafeCheckpoint) a checkpoint that ``safe_load`` refuses, before a trainer
+    that loads it its own way (Lightning) does; mmap, so the tensors of a large file are not
+    read."""
     safe_load(path, extra_globals=extra_globals, mmap=True)

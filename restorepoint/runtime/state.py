@@ -1,6 +1,9 @@
 """What a snapshot holds, and how it is written: the tracked objects' state dicts and the RNG
-states copied to CPU memory (the only pause of training), saved with torch.save to a temporary
-file, fsynced and renamed over ``last.pt`` (a kill leaves the old file or the new one).
+states copied to CPU memory (the only pause of training), written as a snapshot file (tensors
+in safetensors, the rest canonical JSON: ``snapshot_file``, spec section 26) to a temporary
+file, fsynced and renamed over ``last.pt`` (a kill leaves the old file or the new one). The
+names stay those of the torch.save files before them; a snapshot file is told from an older
+pickle by its first bytes, and only an older one goes to the weights-only loader.
 
 With a process group, what every rank holds alike (under DDP: the model, the optimizer, the
 scheduler) is saved once, in a shared file named by its content (``shared-DIGEST.pt``), and each
@@ -12,7 +15,6 @@ after the rank file that named it was replaced, so a kill leaves a pair that bel
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import os
 import random
@@ -27,10 +29,12 @@ import torch
 from .._posix import fsync_dir
 from ..errors import IncompatibleRestorePoint
 from .safe_load import safe_load
+from .snapshot_file import is_snapshot_file, read_snapshot_file, storable, write_snapshot_file
 
 __all__ = [
     "STATE_FORMAT",
     "load_state",
+    "read_state",
     "remove_other_shared",
     "rng_state",
     "save_state",
@@ -46,25 +50,25 @@ STATE_FORMAT = "restorepoint.torch/1"
 _SHARED_NAME = re.compile(r"shared-[0-9a-f]{16}\.pt")
 
 
-def to_cpu(value: Any) -> Any:
-    """A deep copy with every tensor copied to CPU memory: what a snapshot pauses for."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_cpu(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(to_cpu(v) for v in value)
-    return copy.deepcopy(value)
+def to_cpu(value: Any, where: str = "") -> Any:
+    """A copy with every tensor copied to contiguous CPU memory: what a snapshot pauses for.
+    A value a snapshot cannot store is refused here, when the snapshot is taken (UsageError
+    naming its key path and type), never pickled."""
+    return storable(value, where)
 
 
 def rng_state() -> dict[str, Any]:
-    """Python's, numpy's (when imported), torch's and CUDA's (when present) RNG states."""
+    """Python's, numpy's (when imported), torch's and CUDA's (when present) RNG states, as
+    tensors and plain data: numpy's as its bit generator's state dict, the key as a list of
+    ints (never an ndarray)."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
+        legacy = numpy.random.get_state(legacy=False)
+        state["numpy"] = {
+            **legacy,
+            "state": {**legacy["state"], "key": [int(k) for k in legacy["state"]["key"]]},
+        }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -75,22 +79,43 @@ def set_rng(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     numpy = sys.modules.get("numpy")
     if numpy is not None and "numpy" in state:
-        numpy.random.set_state(state["numpy"])
+        saved = state["numpy"]
+        if isinstance(saved, dict):
+            key = numpy.asarray(saved["state"]["key"], dtype=numpy.uint32)
+            saved = {**saved, "state": {**saved["state"], "key": key}}
+        # An older snapshot's is numpy's legacy tuple (its key a uint32 array).
+        numpy.random.set_state(saved)
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
-    """torch.save to a temporary file in ``scratch`` (on the same file system, outside the
-    checkpoints a pack may be reading), fsync, rename over ``target``, fsync of its
-    directory."""
+    """A snapshot file written to a temporary file in ``scratch`` (on the same file system,
+    outside the checkpoints a pack may be reading), fsync, rename over ``target``, fsync of
+    its directory."""
     tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(dict(state), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    try:
+        write_snapshot_file(dict(state), tmp)
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     fsync_dir(target.parent)
+
+
+def read_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) -> Any:
+    """One snapshot file as it lies (a rank file still names its shared state): a snapshot
+    file is parsed (JSON and safetensors, no unpickler), an older torch.save file goes to the
+    weights-only loader (``safe_load``, with ``extra_globals``)."""
+    if is_snapshot_file(path):
+        return read_snapshot_file(path)
+    return safe_load(path, extra_globals=extra_globals)
 
 
 # -- what every rank holds alike --------------------------------------------------------------
@@ -166,9 +191,9 @@ def remove_other_shared(directory: Path, keep: str) -> None:
 
 
 def load_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) -> Any:
-    """A rank's (or a single process's) snapshot file, weights-only, with the shared state it
-    names merged back in; the shared file must be the same run's at the same position."""
-    state = safe_load(path, extra_globals=extra_globals)
+    """A rank's (or a single process's) snapshot file (``read_state``), with the shared state
+    it names merged back in; the shared file must be the same run's at the same position."""
+    state = read_state(path, extra_globals=extra_globals)
     ref = state.get("shared") if isinstance(state, dict) else None
     if ref is None:
         return state
@@ -179,7 +204,7 @@ def load_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) 
             "refusing to resume: the snapshot names its shared state wrongly", url=str(path)
         )
     try:
-        common = safe_load(path.parent / name, extra_globals=extra_globals)
+        common = read_state(path.parent / name, extra_globals=extra_globals)
     except FileNotFoundError:
         raise IncompatibleRestorePoint(
             f"refusing to resume: the shared state {name} the snapshot names is missing",

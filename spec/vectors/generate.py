@@ -46,6 +46,8 @@ HERE = Path(__file__).resolve().parent
 # The vectors are checked against the restorepoint of this checkout, not an installed one.
 sys.path.insert(0, str(HERE.parents[1]))
 
+import snapshots  # noqa: E402 - beside this file: the runtime's snapshot vectors
+
 import restorepoint  # noqa: E402
 from restorepoint import errors  # noqa: E402
 from restorepoint.format import (  # noqa: E402
@@ -2297,6 +2299,26 @@ def write_trust(trusts: list[TrustVector]) -> None:
         (HERE / name).write_bytes(data)
 
 
+def write_snapshots(snaps: list[snapshots.SnapshotVector]) -> None:
+    wanted = snapshots.files(snaps)
+    (HERE / snapshots.SNAPSHOTS).mkdir(exist_ok=True)
+    for stale in (HERE / snapshots.SNAPSHOTS).glob("*"):
+        if stale.is_file() and stale.relative_to(HERE).as_posix() not in wanted:
+            stale.unlink()
+    for name, data in wanted.items():
+        (HERE / name).write_bytes(data)
+
+
+def check_snapshots(snaps: list[snapshots.SnapshotVector]) -> tuple[list[str], int]:
+    """Problems with the committed snapshot vectors (bytes, stale or missing files, what the
+    snapshot reader makes of each), and how many bytes they take."""
+    problems, total = check_tree(snapshots.SNAPSHOTS, snapshots.files(snaps))
+    if not problems:
+        for v in snaps:
+            problems += snapshots.outcome(v, checked_read)
+    return problems, total
+
+
 def write_sets(sets: list[SetVector]) -> None:
     wanted = set_files(sets)
     (HERE / SETS).mkdir(exist_ok=True)
@@ -2412,7 +2434,11 @@ def outcome(x: Vector) -> list[str]:
 
 
 def check(
-    vectors: list[Vector], gates: list[GateVector], trusts: list[TrustVector], sets: list[SetVector]
+    vectors: list[Vector],
+    gates: list[GateVector],
+    trusts: list[TrustVector],
+    sets: list[SetVector],
+    snaps: list[snapshots.SnapshotVector],
 ) -> list[str]:
     problems = []
     wanted = {f"{x.name}.rp": x for x in vectors}
@@ -2461,6 +2487,9 @@ def check(
     set_problems, set_total = check_sets(sets)
     problems += set_problems
     total += set_total
+    snapshot_problems, snapshot_total = check_snapshots(snaps)
+    problems += snapshot_problems
+    total += snapshot_total
     if total >= MAX_TOTAL_BYTES:
         problems.append(f"all vectors: {total} bytes, the limit is {MAX_TOTAL_BYTES}")
     return problems
@@ -2476,28 +2505,31 @@ def main(argv: list[str] | None = None) -> int:
     gates = build_gate(vectors)
     trusts = build_trust()
     sets = build_sets()
+    snaps = snapshots.build()
     names = [x.name for x in vectors] + [x.name for x in gates]
-    names += [x.name for x in trusts] + [x.name for x in sets]
+    names += [x.name for x in trusts] + [x.name for x in sets] + [x.name for x in snaps]
     assert len(names) == len(set(names)), "names must be unique among all vectors"
     if not args.check:
         write(vectors, gates)
         write_trust(trusts)
         write_sets(sets)
+        write_snapshots(snaps)
         print(
             f"wrote {len(vectors)} vectors, {len(gates)} gate vectors, {len(trusts)} trust "
-            f"vectors, {len(sets)} vector sets, {INDEX}, {GATE_INDEX}, {TRUST_INDEX} and "
-            f"{SETS_INDEX}"
+            f"vectors, {len(sets)} vector sets, {len(snaps)} snapshot vectors, {INDEX}, "
+            f"{GATE_INDEX}, {TRUST_INDEX}, {SETS_INDEX} and {snapshots.SNAPSHOTS_INDEX}"
         )
         return 0
-    problems = check(vectors, gates, trusts, sets)
+    problems = check(vectors, gates, trusts, sets, snaps)
     for line in problems:
         print(line)
     if problems:
         return 1
     print(
-        f"{len(vectors)} vectors, {len(gates)} gate vectors, {len(trusts)} trust vectors and "
-        f"{len(sets)} vector sets: committed bytes match, the reader agrees with {INDEX}, "
-        f"{TRUST_INDEX} and {SETS_INDEX}, the gate with {GATE_INDEX}"
+        f"{len(vectors)} vectors, {len(gates)} gate vectors, {len(trusts)} trust vectors, "
+        f"{len(sets)} vector sets and {len(snaps)} snapshot vectors: committed bytes match, "
+        f"the reader agrees with {INDEX}, {TRUST_INDEX}, {SETS_INDEX} and "
+        f"{snapshots.SNAPSHOTS_INDEX}, the gate with {GATE_INDEX}"
     )
     return 0
 

@@ -23,7 +23,7 @@ from restorepoint.ops import (  # noqa: E402
     read_manifest,
     verify,
 )
-from restorepoint.runtime.safe_load import safe_load  # noqa: E402
+from restorepoint.runtime.state import read_state  # noqa: E402
 
 from . import _trainer_variants as tv  # noqa: E402
 from ._ranks import final, launch  # noqa: E402
@@ -34,7 +34,7 @@ TOTAL = tv.total_steps()
 
 
 def rank_step(path: Path) -> int:
-    return int(torch.load(path, weights_only=False)["position"]["step"])
+    return int(read_state(path)["position"]["step"])
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +85,11 @@ def test_stop_on_rank_0_is_agreed_published_once_and_resumes_bit_for_bit(
     assert checkpoints == ["last.rank0.pt", "last.rank1.pt", "position.json", shared]
     tracked = ["model", "optimizer", "scheduler"]
     for r in (0, 1):
-        state = safe_load(run_dir / "checkpoints" / f"last.rank{r}.pt")
+        state = read_state(run_dir / "checkpoints" / f"last.rank{r}.pt")
         assert (state["rank"], state["world_size"], state["position"]["step"]) == (r, 2, 5)
         assert state["objects"] == {}
         assert state["shared"] == {"file": shared, "objects": tracked}
-    common = safe_load(run_dir / "checkpoints" / shared)
+    common = read_state(run_dir / "checkpoints" / shared)
     assert sorted(common["objects"]) == tracked
     assert "rng" not in common
     (entry,) = list_store(store)

@@ -1,16 +1,22 @@
-"""No pickle from a restore point runs code, on every resume path (spec section 24): a
-restore point whose checkpoint was made with ``torch.save({"objects": RunsCode()})`` is
-refused with UnsafeCheckpoint by the runtime's store resume, a supervisor's import, ``import
---exec`` and Lightning's resume, and the command it carries never runs (its marker file is
-never created); training never starts. A trust policy refuses unsigned restore points on the
-same paths, and a legitimate resume still works."""
+"""No pickle from a restore point runs code or takes the machine's memory, on every resume
+path (spec section 24): the runtime's own snapshots hold no pickle (tests/runtime/
+test_snapshot_file.py); an older snapshot or a Lightning checkpoint made with
+``torch.save({"objects": RunsCode()})``, or shaped by hand to slip through a weights-only load
+(tests/runtime/_hostile.py), is refused with UnsafeCheckpoint before anything of it is built:
+in process through the legacy loader, Lightning's resume and a multi-rank shared file (each
+shape, with the peak RSS under the scan's cap), and once each through the CLI (the runtime's
+store resume, ``run --resume-from``, ``run --auto-resume``, ``import --exec``); the command it
+carries never runs (its marker file is never created); training never starts. A trust policy
+refuses unsigned restore points on the same paths, and a legitimate resume still works."""
 
 from __future__ import annotations
 
 import io
 import json
 import random
+import resource
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +25,7 @@ import torch
 from clirun import cli
 from crafted import (
     CONFIG,
+    IDENTITY,
     RUN,
     RunsCode,
     clean_env,
@@ -27,10 +34,21 @@ from crafted import (
     preempted_checkpoint,
     trainer_command,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import restorepoint
-from restorepoint import UnsafeCheckpoint
-from restorepoint.runtime.safe_load import check_loadable, safe_load
+from restorepoint import IntegrityError, UnsafeCheckpoint
+from restorepoint.runtime.safe_load import (
+    LEGACY_GLOBALS,
+    MAX_PICKLE_ALLOCATION,
+    check_loadable,
+    safe_load,
+)
+from restorepoint.runtime.state import STATE_FORMAT, save_state
+from restorepoint.torch import load_snapshot
+
+from . import _hostile
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +93,99 @@ def test_an_object_array_is_not_on_the_allowlist(tmp_path: Path) -> None:
         safe_load(path)
 
 
+# -- the hostile shapes, in process ---------------------------------------------------------
+
+
+def _legacy(path: Path, make: Callable[[Path], Path], marker: Path) -> None:
+    """An older snapshot, read as a resume reads it (the public one-call loader too)."""
+    make(path / "last.pt")
+    with pytest.raises(UnsafeCheckpoint):
+        safe_load(path / "last.pt")
+    load_snapshot(path / "last.pt")
+
+
+def _lightning(path: Path, make: Callable[[Path], Path], marker: Path) -> None:
+    from restorepoint.adapters.lightning import LAST, resume_checkpoint
+
+    make(path / LAST)
+    resume_checkpoint(path)
+
+
+def _multi_rank(path: Path, make: Callable[[Path], Path], marker: Path) -> None:
+    """A sound rank file (snapshot format) naming a shared file that is a hostile pickle."""
+    shared = "shared-0123456789abcdef.pt"
+    make(path / shared)
+    state = {"format": STATE_FORMAT, "identity": IDENTITY, "objects": {}, "position": {},
+             "run": RUN, "shared": {"file": shared, "objects": ["model"]}}  # fmt: skip
+    save_state(state, path / "last.rank1.pt", path)
+    load_snapshot(path / "last.rank1.pt")
+
+
+def _runs_code(marker: Path) -> Callable[[Path], Path]:
+    def make(path: Path) -> Path:
+        torch.save({"objects": RunsCode(marker)}, path)
+        return path
+
+    return make
+
+
+@pytest.mark.parametrize("load", [_legacy, _lightning, _multi_rank])
+@pytest.mark.parametrize("shape", [*_hostile.SHAPES, "runs-code"])
+def test_each_hostile_shape_is_refused_before_anything_is_built(
+    tmp_path: Path, shape: str, load: Callable[[Path, Callable[[Path], Path], Path], None]
+) -> None:
+    marker = tmp_path / "ran"
+    make = _runs_code(marker) if shape == "runs-code" else _hostile.shape(shape)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with pytest.raises(UnsafeCheckpoint) as info:
+        load(tmp_path, make, marker)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert grown < MAX_PICKLE_ALLOCATION
+    assert info.value.exit_code == 1
+    assert "\n" not in str(info.value)
+    assert not marker.exists()
+
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=8),
+    st.sampled_from(["u4", "O", "latin1", "cpu", "storage", "<", "|"]),
+)  # fmt: skip
+_ARGS = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.lists(inner, max_size=4).map(tuple)),
+    max_leaves=10,
+).map(lambda v: v if isinstance(v, tuple) else (v,))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(LEGACY_GLOBALS), args=_ARGS, state=st.none() | _ARGS)
+def test_fuzzed_arguments_of_every_admitted_global_never_get_past_the_checks(
+    tmp_path_factory: pytest.TempPathFactory, name: str, args: tuple[object, ...],
+    state: tuple[object, ...] | None,
+) -> None:  # fmt: skip
+    """Whatever arguments (and BUILD state) a checkpoint gives an admitted global, the load
+    refuses it (UnsafeCheckpoint, IntegrityError) or returns plain data; never another error,
+    never more memory than the cap."""
+    module, _, attr = name.rpartition(".")
+    body = _hostile.glob(module, attr) + _hostile.value(args) + _hostile.REDUCE
+    if state is not None:
+        # The state's memo indices repeat the arguments': each GET names its own PUT.
+        body += _hostile.value(state) + _hostile.BUILD
+    path = tmp_path_factory.mktemp("fuzz") / "f.pt"
+    _hostile.write(path, _hostile.pickle_of(body))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        loaded = safe_load(path)
+    except (UnsafeCheckpoint, IntegrityError):
+        pass
+    else:
+        assert isinstance(loaded, dict)
+    assert (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before < MAX_PICKLE_ALLOCATION
+    )
+
+
 def test_garbage_is_an_integrity_error_not_a_crash(tmp_path: Path) -> None:
     path = tmp_path / "garbage.pt"
     path.write_bytes(b"not a checkpoint at all" * 10)
@@ -90,11 +201,15 @@ def test_garbage_is_an_integrity_error_not_a_crash(tmp_path: Path) -> None:
 # -- every resume path ----------------------------------------------------------------------
 
 
-def evil_store(tmp_path: Path, marker: Path) -> tuple[str, str]:
-    """A store whose only restore point of the demo run holds a code-running last.pt, packed
-    with the demo trainer's own trainer, terms, config and run: only the pickle is hostile."""
+def evil_store(tmp_path: Path, marker: Path, shape: str | None = None) -> tuple[str, str]:
+    """A store whose only restore point of the demo run holds a code-running last.pt (or one
+    of the hostile ``shape``), packed with the demo trainer's own trainer, terms, config and
+    run: only the pickle is hostile."""
     store = f"{tmp_path / 'store'}/"
-    result = pack_demo(evil_snapshot(tmp_path / "evil", marker), store)
+    source = evil_snapshot(tmp_path / "evil", marker)
+    if shape is not None:
+        _hostile.shape(shape)(source / "last.pt")
+    result = pack_demo(source, store)
     return store, result.url
 
 
@@ -129,9 +244,23 @@ def test_a_supervisors_import_is_refused_before_training(tmp_path: Path) -> None
     assert not started.exists()
 
 
+def test_auto_resume_refuses_a_bytearray_bomb_before_training(tmp_path: Path) -> None:
+    marker, started = tmp_path / "ran", tmp_path / "started"
+    store, _ = evil_store(tmp_path, marker, "bytearray-bomb")
+    proc = cli(
+        "run", "--store", store, "--auto-resume", "--run", RUN, "--",
+        *trainer_command(tmp_path / "runs", tmp_path / "out.pt", "--marker", str(started)),
+        env=clean_env(),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    refused = [line for line in proc.stderr.splitlines() if line.startswith("restorepoint: error")]
+    assert len(refused) == 1 and "builtins.bytearray" in refused[0], proc.stderr
+    assert not started.exists()
+
+
 def test_import_exec_refuses_it_before_training(tmp_path: Path) -> None:
     marker, started = tmp_path / "ran", tmp_path / "started"
-    _, url = evil_store(tmp_path, marker)
+    _, url = evil_store(tmp_path, marker, "uint32-object-field")
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))
     runs = tmp_path / "runs"

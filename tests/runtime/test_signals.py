@@ -24,6 +24,7 @@ import restorepoint  # noqa: E402
 from restorepoint.errors import StorageUnavailable, UsageError  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
 from restorepoint.ops import list_store  # noqa: E402
+from restorepoint.runtime import state as state_module  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 
 from . import _trainer_variants as tv  # noqa: E402
@@ -243,17 +244,17 @@ def test_second_stop_signal_during_the_copy_is_one_snapshot(tmp_path: Path) -> N
 def test_second_stop_signal_during_the_save_is_one_snapshot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_save = torch.save
+    real_save = state_module.write_snapshot_file
     saves: list[str] = []
 
-    def slow_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+    def slow_save(obj: Any, path: Path) -> None:
         saves.append(threading.current_thread().name)
         # From the background thread, while the main thread waits for the upload to finish.
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
-        real_save(obj, f, *args, **kwargs)
+        real_save(obj, path)
 
-    monkeypatch.setattr(torch, "save", slow_save)
+    monkeypatch.setattr(state_module, "write_snapshot_file", slow_save)
     out = tv.train(tmp_path, before_commit=send_at({7: signal.SIGTERM}))
     monkeypatch.undo()
     assert out.code == 42
@@ -269,22 +270,22 @@ def test_second_stop_signal_during_the_save_is_one_snapshot(
 def test_signal_during_a_background_save_is_handled_at_the_next_boundary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_save = torch.save
+    real_save = state_module.write_snapshot_file
     sent = threading.Event()
 
-    def slow_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+    def slow_save(obj: Any, path: Path) -> None:
         if not sent.is_set():
             os.kill(os.getpid(), signal.SIGUSR1)
             sent.set()
             # Still saving step 3 while the main thread commits step 4.
             time.sleep(0.3)
-        real_save(obj, f, *args, **kwargs)
+        real_save(obj, path)
 
     def hook(run: ResumableRun, step: int) -> None:
         if step == 4:
             assert sent.wait(30)
 
-    monkeypatch.setattr(torch, "save", slow_save)
+    monkeypatch.setattr(state_module, "write_snapshot_file", slow_save)
     config = tv.config_with(**{"train.snapshot_every": 3})
     out = tv.train(tmp_path, config=config, before_commit=hook)
     monkeypatch.undo()

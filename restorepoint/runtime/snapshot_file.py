@@ -1,0 +1,419 @@
+"""The runtime's snapshot file (spec section 26): a safetensors file whose tensors are every
+tensor of the state, and whose ``__metadata__`` holds the rest of the state as canonical JSON
+(the *structure*). Reading it parses JSON and safetensors only: no unpickler runs.
+
+The structure is a tree of JSON values: null, true, false, strings, integers within
+±(2**53-1) and arrays (Python lists) stand for themselves; every other value is a JSON object
+with one tag member (and, for a tensor, its dtype and shape)::
+
+    {"dict": [[key, value], ...]}            a dict, in its order; keys are strings or integers
+    {"dict": [...], "metadata": value}       an OrderedDict with ``_metadata`` (a module's)
+    {"tuple": [value, ...]}                  a tuple
+    {"float": "0.001"}                       a float: its shortest round trip, or nan/inf/-inf
+    {"int": "-18446744073709551615"}         an integer beyond ±(2**53-1)
+    {"dtype": "F32", "shape": [2, 3], "tensor": "0"}    a tensor, by its name in the file
+
+Tensor names are "0", "1", ... in the order the structure names them; each is named exactly
+once, with the dtype and shape the file records for it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import IntegrityError, MissingExtra, UsageError, at_url
+from ..format._json import CanonicalizationError, canonical_dumps, strict_loads
+from ..format.limits import MAX_SAFE_INTEGER
+
+__all__ = [
+    "SNAPSHOT_FORMAT",
+    "is_snapshot_file",
+    "read_snapshot_file",
+    "storable",
+    "write_snapshot_file",
+]
+
+#: ``__metadata__["format"]`` of every snapshot file.
+SNAPSHOT_FORMAT = "restorepoint.snapshot/1"
+#: How deep values nest in a snapshot (a dict in a dict counts two); an optimizer's state is 5.
+#: Each level is three levels of the structure's JSON, which a reader limits to 64.
+MAX_STATE_DEPTH = 16
+#: The longest integer a structure spells as a string: 2**128 has 39 digits.
+MAX_INT_DIGITS = 40
+#: safetensors' own limit on the header, which holds the structure.
+MAX_HEADER_BYTES = 100_000_000
+
+#: torch dtype <-> safetensors dtype name: the dtypes a snapshot stores.
+DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.complex64: "C64",
+}
+for _name, _code in (
+    ("uint64", "U64"),
+    ("uint32", "U32"),
+    ("uint16", "U16"),
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+):
+    if hasattr(torch, _name):
+        DTYPES[getattr(torch, _name)] = _code
+_CODES = {code: dtype for dtype, code in DTYPES.items()}
+_FLOAT = re.compile(r"-?(?:nan|inf|[0-9]+\.[0-9]+(?:e[-+][0-9]+)?|[0-9]+e[-+][0-9]+)")
+_INT = re.compile(r"-?[1-9][0-9]*")
+
+
+def _safetensors() -> Any:
+    try:
+        import safetensors
+        import safetensors.torch
+    except ImportError as exc:  # pragma: no cover - an install of the torch extra has it
+        raise MissingExtra("safetensors", "torch", "a snapshot") from exc
+    return safetensors
+
+
+# -- what may be stored ------------------------------------------------------------------------
+
+
+def _refuse(where: str, value: Any) -> UsageError:
+    kind = type(value)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    return UsageError(
+        f"cannot snapshot: the state at {where or '(root)'} is a {name}, which a snapshot does "
+        "not store; make state_dict() return tensors and plain data (dict, list, tuple, str, "
+        "int, float, bool, None) (docs/adapters.md, 'What a snapshot stores')"
+    )
+
+
+def storable(value: Any, where: str = "", depth: int = 0) -> Any:  # noqa: PLR0911, PLR0912 - a case per kind of value
+    """``value`` with every tensor copied to contiguous CPU memory (what a snapshot pauses
+    for), or UsageError naming the key path and type of the first value a snapshot cannot
+    store. Dict subclasses come back as dicts (an OrderedDict keeps its ``_metadata``), tuple
+    subclasses (torch.Size) as tuples."""
+    if depth > MAX_STATE_DEPTH:
+        raise UsageError(
+            f"cannot snapshot: the state at {where} nests deeper than {MAX_STATE_DEPTH}"
+        )
+    if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided or value.dtype not in DTYPES or value.is_quantized:
+            raise UsageError(
+                f"cannot snapshot: the tensor at {where or '(root)'} is {value.layout} "
+                f"{value.dtype}, which a snapshot does not store; store a dense tensor of a "
+                "plain dtype (docs/adapters.md, 'What a snapshot stores')"
+            )
+        t = value.detach().resolve_conj().resolve_neg()
+        return t.to("cpu", memory_format=torch.contiguous_format, copy=True)
+    if value is None or isinstance(value, (bool, str)):
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _refuse(where, value) from None
+        return value
+    if isinstance(value, int):
+        if len(str(abs(int(value)))) > MAX_INT_DIGITS:
+            raise UsageError(
+                f"cannot snapshot: the integer at {where} has over {MAX_INT_DIGITS} digits"
+            )
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, Mapping) and isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(key, bool) or not isinstance(key, (str, int)):
+                raise UsageError(
+                    f"cannot snapshot: a key at {where or '(root)'} is a {type(key).__name__}; "
+                    "keys must be strings or integers"
+                )
+            out[key] = storable(item, f"{where}[{key!r}]", depth + 1)
+        meta = getattr(value, "_metadata", None)
+        if meta is not None:
+            ordered: Any = OrderedDict(out)
+            ordered._metadata = storable(meta, f"{where}._metadata", depth + 1)
+            return ordered
+        return out
+    if isinstance(value, list):
+        return [storable(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+    if isinstance(value, tuple) and (type(value) is tuple or isinstance(value, torch.Size)):
+        return tuple(storable(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+    raise _refuse(where, value)
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+def _encode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:  # noqa: PLR0911 - a case per node
+    if isinstance(value, torch.Tensor):
+        name = str(len(tensors))
+        tensors[name] = value
+        return {"dtype": DTYPES[value.dtype], "shape": list(value.shape), "tensor": name}
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value if abs(value) <= MAX_SAFE_INTEGER else {"int": str(value)}
+    if isinstance(value, float):
+        return {"float": repr(value)}
+    if isinstance(value, dict):
+        node: dict[str, Any] = {
+            "dict": [[_encode(k, tensors), _encode(v, tensors)] for k, v in value.items()]
+        }
+        meta = getattr(value, "_metadata", None)
+        if meta is not None:
+            node["metadata"] = _encode(meta, tensors)
+        return node
+    if isinstance(value, list):
+        return [_encode(item, tensors) for item in value]
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(item, tensors) for item in value]}
+    raise _refuse("", value)  # storable() refused it already where the state was taken
+
+
+def write_snapshot_file(state: Any, path: Path) -> None:
+    """Write ``state`` (as ``storable`` returned it) to ``path``; the caller fsyncs and renames.
+
+    The safetensors layout is written here rather than by safetensors' own writer, which
+    needs numpy (torch's CPU wheel runs without it): an 8-byte little-endian header length,
+    the header (canonical JSON, padded with spaces to a multiple of 8), then each tensor's
+    bytes, written from its memory without a copy, widest dtype first so that every tensor
+    starts aligned to its element size, and no gap between them."""
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        structure = canonical_dumps(_encode(state, tensors)).decode("utf-8")
+    except CanonicalizationError as exc:
+        raise UsageError(f"cannot snapshot: {exc}") from None
+    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), int(n)))
+    header: dict[str, Any] = {"__metadata__": {"format": SNAPSHOT_FORMAT, "structure": structure}}
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        size = t.numel() * t.element_size()
+        header[name] = {
+            "data_offsets": [offset, offset + size],
+            "dtype": DTYPES[t.dtype],
+            "shape": list(t.shape),
+        }
+        offset += size
+    raw = canonical_dumps(header)
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name in order:
+            t = tensors[name]
+            size = t.numel() * t.element_size()
+            if size:
+                # A view of the tensor's memory (contiguous, on the CPU: storable made it so).
+                f.write((ctypes.c_ubyte * size).from_address(t.data_ptr()))
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def is_snapshot_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is in the snapshot format rather than an older torch.save file (a
+    zip, "PK"; or a bare pickle, whose ninth byte is its magic number's): by its first bytes
+    (the header opens with "{" after its 8-byte length), never by its name."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and not head.startswith(b"PK")
+
+
+def _bad(path: str | os.PathLike[str], what: str) -> IntegrityError:
+    return IntegrityError(f"not a sound snapshot: {what}", url=os.fspath(path))
+
+
+class _Decoder:
+    """Decodes the structure, checking it against the file's tensors (name: dtype, shape);
+    ``load`` gives the value that stands in a tensor's place."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        tensors: Mapping[str, tuple[str, list[int]]],
+        load: Callable[[str], Any] = str,
+    ) -> None:
+        self.path = path
+        self.tensors = tensors
+        self.load = load
+        self.named: list[str] = []
+
+    def value(self, node: Any, depth: int) -> Any:  # noqa: PLR0911, PLR0912 - a case per node
+        if depth > MAX_STATE_DEPTH:
+            raise _bad(self.path, f"the structure nests deeper than {MAX_STATE_DEPTH}")
+        if node is None or isinstance(node, (bool, str)):
+            return node
+        if isinstance(node, int):
+            return node
+        if isinstance(node, list):
+            return [self.value(item, depth + 1) for item in node]
+        if not isinstance(node, dict):
+            raise _bad(self.path, f"a {type(node).__name__} in the structure")
+        keys = sorted(node)
+        if keys == ["dtype", "shape", "tensor"]:
+            return self.tensor(node)
+        if keys == ["float"] and isinstance(node["float"], str):
+            text = node["float"]
+            if not _FLOAT.fullmatch(text) or repr(float(text)) != text:
+                raise _bad(self.path, f"a float spelled {text!a}")
+            return float(text)
+        if keys == ["int"] and isinstance(node["int"], str):
+            text = node["int"]
+            if (
+                not _INT.fullmatch(text)
+                or len(text.lstrip("-")) > MAX_INT_DIGITS
+                or abs(int(text)) <= MAX_SAFE_INTEGER
+            ):
+                raise _bad(self.path, f"an integer spelled {text[:50]!a}")
+            return int(text)
+        if keys == ["tuple"] and isinstance(node["tuple"], list):
+            return tuple(self.value(item, depth + 1) for item in node["tuple"])
+        if keys in (["dict"], ["dict", "metadata"]) and isinstance(node["dict"], list):
+            out: dict[Any, Any] = {}
+            for pair in node["dict"]:
+                if not (isinstance(pair, list) and len(pair) == 2):
+                    raise _bad(self.path, "a dict member that is not a [key, value] pair")
+                key = self.value(pair[0], depth + 1)
+                if isinstance(key, bool) or not isinstance(key, (str, int)) or key in out:
+                    raise _bad(
+                        self.path,
+                        f"a dict key {ascii(key)[:50]} (not a string or integer, or twice)",
+                    )
+                out[key] = self.value(pair[1], depth + 1)
+            if "metadata" in node:
+                ordered: Any = OrderedDict(out)
+                ordered._metadata = self.value(node["metadata"], depth + 1)
+                return ordered
+            return out
+        raise _bad(self.path, f"an object with members {keys[:5]!a} in the structure")
+
+    def tensor(self, node: Mapping[str, Any]) -> Any:
+        name, dtype, shape = node["tensor"], node["dtype"], node["shape"]
+        if not isinstance(name, str) or name != str(len(self.named)):
+            raise _bad(self.path, f"tensor {name!a} named out of order")
+        if name not in self.tensors:
+            raise _bad(self.path, f"the structure names tensor {name}, which the file lacks")
+        if [dtype, shape] != list(self.tensors[name]):
+            raise _bad(
+                self.path,
+                f"tensor {name} is {dtype!a} {shape!a} in the structure and "
+                f"{self.tensors[name][0]} {self.tensors[name][1]} in the file",
+            )
+        self.named.append(name)
+        return self.load(name)
+
+
+def read_snapshot_file(path: str | os.PathLike[str]) -> Any:
+    """The state a snapshot file holds, every tensor read into memory of its own (nothing
+    refers to the file afterwards).
+
+    Raises IntegrityError (MalformedManifest for the structure's JSON) when the file is not a
+    sound snapshot: not a safetensors file, another format, a structure that is not canonical
+    JSON of the grammar above, or a tensor the structure and the file disagree about."""
+    safetensors = _safetensors()
+    try:
+        size = os.stat(path).st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+        if len(prefix) < 8 or int.from_bytes(prefix, "little") > min(MAX_HEADER_BYTES, size - 8):
+            raise _bad(path, "its header length is beyond the file")
+        handle = safetensors.safe_open(os.fspath(path), framework="pt", device="cpu")
+    except IntegrityError:
+        raise
+    except FileNotFoundError:
+        raise
+    except (safetensors.SafetensorError, OSError, ValueError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise _bad(path, f"not a safetensors file ({ascii(first)[1:-1]})") from None
+    with handle as f:
+        metadata = f.metadata() or {}
+        if sorted(metadata) != ["format", "structure"] or metadata["format"] != SNAPSHOT_FORMAT:
+            found = ascii(metadata.get("format"))[:60]
+            raise _bad(path, f"its format is {found}, not {SNAPSHOT_FORMAT}")
+        shapes: dict[str, tuple[str, list[int]]] = {}
+        for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+            view = f.get_slice(name)
+            shapes[name] = (view.get_dtype(), list(view.get_shape()))
+        with at_url(os.fspath(path)):
+            node = strict_loads(metadata["structure"].encode("utf-8"), "snapshot structure")
+        checked = _Decoder(path, shapes)
+        checked.value(node, 0)
+        extra = sorted(set(shapes) - set(checked.named), key=lambda n: (len(n), n))
+        if extra:
+            raise _bad(
+                path,
+                f"the file holds tensor {ascii(extra[0])[1:-1]}, which the structure does not name",
+            )
+    # Checked whole (safetensors checked the container, the structure was checked against it)
+    # before a tensor is read.
+    with open(path, "rb") as raw:
+        return _Decoder(path, shapes, _Reader(path, raw, shapes).tensor).value(node, 0)
+
+
+class _Reader:
+    """Each tensor read into memory of its own, by its offsets in the header that safetensors
+    has checked. Not a mapping of the file: an optimizer's load_state_dict keeps the tensors
+    it is given, and training state backed by the file would change if the file were
+    rewritten in place (cp, rsync --inplace), or fault (SIGBUS) if it were truncated; and
+    faulting a mapping in page by page is several times slower than reading it."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        f: Any,
+        shapes: Mapping[str, tuple[str, list[int]]],
+    ) -> None:
+        self.path, self.f, self.shapes = path, f, shapes
+        length = int.from_bytes(f.read(8), "little")
+        if length > MAX_HEADER_BYTES:
+            raise _bad(path, "its header length is beyond the file")
+        self.base = 8 + length
+        try:
+            self.header = json.loads(f.read(length))
+        except (ValueError, RecursionError):
+            raise _bad(path, "its header changed while it was read") from None
+
+    def tensor(self, name: str) -> torch.Tensor:
+        # Checked again on what this open of the file says (it may have been replaced since
+        # safetensors read it): the bytes read are exactly the tensor's.
+        entry = self.header.get(name) if isinstance(self.header, dict) else None
+        dtype, shape = self.shapes[name]
+        if not isinstance(entry, dict) or [entry.get("dtype"), entry.get("shape")] != [
+            dtype,
+            shape,
+        ]:
+            raise _bad(self.path, "its header changed while it was read")
+        t = torch.empty(shape, dtype=_CODES[dtype])
+        begin, end = entry.get("data_offsets") or (None, None)
+        size = t.numel() * t.element_size()
+        if not (
+            isinstance(begin, int) and isinstance(end, int) and begin >= 0 and end - begin == size
+        ):
+            raise _bad(self.path, "its header changed while it was read")
+        if size:
+            self.f.seek(self.base + begin)
+            view = (ctypes.c_ubyte * size).from_address(t.data_ptr())
+            if self.f.readinto(view) != size:
+                raise _bad(self.path, f"tensor {name} is cut short")
+        return t

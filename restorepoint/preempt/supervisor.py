@@ -403,7 +403,9 @@ class Supervisor(ResumeSteps):
                 notice.detail, self._loop.published_step(),
             )  # fmt: skip
         elif published:
-            log.info("stop (%s): restore point published; exit 42", notice.detail)
+            # A trainer that publishes itself (a ResumableRun, a Lightning job) has said it in
+            # its own one stop line, with the step and the URL: a second line would only repeat.
+            log.debug("stop (%s): restore point published; exit 42", notice.detail)
         elif self._loop is not None and self._loop.newest_step() < 0:
             log.warning(
                 "stop (%s): the trainer committed no snapshot: nothing published; exit 42",

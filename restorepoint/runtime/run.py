@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from .._posix import atomic_write, signal_number
-from .._text import printable
+from .._text import plural, printable
 from .._version import __version__
 from ..errors import IncompatibleRestorePoint, RestorePointError, UsageError
 from ..format import Position, Trainer, config_identity, diff_configs
@@ -431,7 +431,7 @@ class ResumableRun:
         ]
         raise IncompatibleRestorePoint(
             "refusing to attach: this run directory holds a run of another config "
-            f"({len(details)} difference(s))",
+            f"({plural(len(details), 'difference')})",
             url=str(self.run_dir),
             mismatches=[{"field": f"config.{d.path}"} for d in diffs],
             details=details,

@@ -125,7 +125,7 @@ def test_without_submitit_every_stop_saves_publishes_and_exits_42(tmp_path: Path
     assert code == 3, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("restorepoint: error: "), err
-    assert lines[0].endswith("last.ckpt: refused: 1 expectation(s) not met (config.lr)"), err
+    assert lines[0].endswith("last.ckpt: refused: 1 expectation not met (config.lr)"), err
     assert ckpt_step(ckpt / "last.ckpt") == stopped_at
 
     # 3. Resumed; a manual snapshot (SIGUSR1: training goes on), then SIGTERM: the stop's

@@ -132,11 +132,11 @@ def test_run_dir_of_another_config_is_refused_naming_the_keys(
     assert [m["field"] for m in err.mismatches] == ["config.model.hidden", "config.optimizer.lr"]
     assert len(err.details) == 2
     assert "model.hidden" in err.details[0] and "optimizer.lr" in err.details[1]
-    assert "2 difference(s)" in str(err)
+    assert "(2 differences)" in str(err)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == f"restorepoint: error: {run_dir}: {err.message}"
     assert "refusing to attach: this run directory holds a run of another config" in lines[0]
-    assert "2 difference(s)" in lines[0]
+    assert "(2 differences)" in lines[0]
     assert [ln.split(":")[1].strip() for ln in lines[1:]] == ["model.hidden", "optimizer.lr"]
     # Refused before anything was written.
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before

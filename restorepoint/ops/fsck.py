@@ -20,7 +20,6 @@ only a person knows whether they are the last copy of something.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,7 +142,6 @@ def fsck(  # noqa: PLR0913 - public API: the check's keyword options
     storage_options: dict[str, Any] | None = None,
     now: float | None = None,
     trust: Trust = NO_TRUST,
-    on_restore_point: Callable[[str], None] | None = None,
 ) -> FsckReport:
     """Check every object of ``store`` (spec 19.8); with ``repair``, remove what prune's
     leftover cleanup removes and nothing else. A store that cannot be listed or read raises
@@ -179,8 +177,6 @@ def fsck(  # noqa: PLR0913 - public API: the check's keyword options
                     )
                 )
         for name in sorted(commits):
-            if on_restore_point is not None:
-                on_restore_point(name)
             _check_restore_point(location, name, parts.get(name, []), report, trust)
         for upload in location.pending_uploads():
             token = f"{upload.url} (incomplete upload {upload.upload_id})"

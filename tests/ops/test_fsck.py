@@ -159,6 +159,21 @@ def test_a_part_its_commit_does_not_name_is_reported_never_removed(
     assert report.repaired == [] and (store / extra).exists() and not report.clean
 
 
+def test_an_encrypted_restore_point_needs_the_identity_only_for_its_payload(
+    store: Path, source: Path, tmp_path: Path
+) -> None:
+    from restorepoint import Trust, trust
+
+    trust.generate(tmp_path / "id.key", "encryption")
+    recipient = trust.load_public(tmp_path / "id.key.pub", "encryption")
+    publish(source, store, "r", 1, encrypt_to=[recipient])
+    assert fsck(str(store)).clean  # head and index are in the clear
+    (finding,) = fsck(str(store), read_data=True).findings
+    assert (finding.kind, finding.error) == ("damaged", "DecryptionError")
+    policy = Trust(identity=trust.load_identity(tmp_path / "id.key"))
+    assert fsck(str(store), read_data=True, trust=policy).clean
+
+
 @pytest.mark.s3
 def test_a_store_on_s3(
     source: Path,

@@ -1,6 +1,7 @@
 """fsck: check a whole store, the way ``restic check`` checks a repository (spec 19.8).
 
-    list once  ->  classify every object by its name (restore point, part, leftover, stray)
+    list once  ->  prune's leftover selection (a dry run) on that listing
+               ->  classify every object by its name (restore point, part, leftover, stray)
                ->  verify each restore point, one at a time (head and index; --read-data: payloads)
                ->  parts whose commit is gone, parts no commit names, commits missing a part
                ->  open multipart uploads
@@ -151,9 +152,10 @@ def fsck(  # noqa: PLR0913 - public API: the check's keyword options
     location = _store(store, storage_options)
     report = FsckReport(location.url, read_data, grace_s)
     with at_url(location.url):
-        # What prune would remove now, by prune's own selection (a dry run deletes nothing).
-        removable = set(_leftovers(location, None, grace_s, now, dry_run=True))
         listing = location.list_objects()
+        # What prune would remove now, by prune's own selection from this listing (a dry run
+        # deletes nothing).
+        removable = set(_leftovers(location, None, grace_s, now, dry_run=True, listing=listing))
         report.objects = len(listing)
         commits: set[str] = set()
         parts: dict[str, list[str]] = {}  # commit's store name -> its listed parts

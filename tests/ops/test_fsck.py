@@ -3,6 +3,7 @@ and named; --repair removes only what prune removes; the report as data."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from restorepoint.ops.fsck import KINDS, FsckReport, fsck
 from restorepoint.ops.parts import CommitPlan, publish_commit, publish_part
 from restorepoint.ops.spec import HeadSpec, PackOptions
 from restorepoint.ops.store import DEFAULT_GRACE_S, prune
+from tests.clirun import cli, one_error_line
 from tests.ops.test_store import DEAD_PID, corrupt, partial, publish, put
 
 OLD = 2 * DEFAULT_GRACE_S
@@ -181,6 +183,7 @@ def test_a_store_on_s3(
     s3_bucket: str,
     s3_storage_options: dict[str, Any],
     s3_client: Any,
+    s3_env: dict[str, str],
 ) -> None:
     url = f"s3://{s3_bucket}/store/"
     opts = s3_storage_options
@@ -210,8 +213,24 @@ def test_a_store_on_s3(
     assert [f.removable for f in young.findings if f.kind == "upload"] == [False]
     assert [f.pending for f in young.findings if f.kind == "upload"] == [True]
 
+    # The CLI on the same store: exit 1, each defect counted; with --grace 0s all are past it.
+    proc = cli("fsck", url, "--grace", "0s", "--json", env=s3_env)
+    assert proc.returncode == 1, proc.stderr
+    counts = json.loads(proc.stdout)["counts"]
+    assert counts == {
+        "damaged": 0,
+        "missing_part": 1,
+        "orphan_part": 1,
+        "leftover": 0,
+        "upload": 1,
+        "stray": 1,
+    }
+
     repaired = fsck(url, storage_options=opts, now=later, repair=True)
     assert len(repaired.repaired or []) == 2
     assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
     after = fsck(url, storage_options=opts, now=later)
     assert sorted(f.kind for f in after.findings) == ["missing_part", "stray"]
+    proc = cli("fsck", url, "--repair", "--grace", "0s", env=s3_env)
+    assert proc.returncode == 1 and "repaired" in proc.stdout
+    assert one_error_line(proc).endswith(f"the store holds 2 defects: {url}")

@@ -26,6 +26,7 @@ from ._common import (
 from ._trust import keygen_command
 from .adapters import adapters_command
 from .demo import demo_command
+from .fsck import fsck_command
 from .import_ import check_command, import_command
 from .inspect import inspect_command
 from .local_view import local_view_command
@@ -77,6 +78,7 @@ EXAMPLES: dict[str, str] = {
     "list": "restorepoint list s3://bucket/store/ --run exp1",
     "latest": "restorepoint latest s3://bucket/store/ --run exp1 --verify",
     "prune": "restorepoint prune s3://bucket/store/ --run exp1 --keep-last 3 --dry-run",
+    "fsck": "restorepoint fsck s3://bucket/store/ --read-data",
     "keygen": "restorepoint keygen signer.key --for signing",
     "adapters": "restorepoint adapters --json",
     "run": "restorepoint run --watch aws --auto-resume --store s3://bucket/store/ "
@@ -96,6 +98,7 @@ _VERBS: dict[str, Callable[..., None]] = {
     "list": list_command,
     "latest": latest_command,
     "prune": prune_command,
+    "fsck": fsck_command,
     "keygen": keygen_command,
     "adapters": adapters_command,
     "run": run_command,

@@ -410,13 +410,21 @@ def _orphan_part(name: str, names: AbstractSet[str]) -> bool:
     return _NAME.match(stem.rsplit("/", 1)[-1] + ".rp") is not None and stem + ".rp" not in names
 
 
-def _leftovers(
-    location: Location, run: str | None, grace_s: float, now: float, dry_run: bool
+def _leftovers(  # noqa: PLR0913 - K5's scope, GRACE, clock and mode, and a listing to reuse
+    location: Location,
+    run: str | None,
+    grace_s: float,
+    now: float,
+    dry_run: bool,
+    *,
+    listing: list[ObjectInfo] | None = None,
 ) -> list[str]:
-    """Partial names and incomplete uploads older than the grace period: never a live one."""
+    """Partial names and incomplete uploads older than the grace period: never a live one.
+    ``listing``: the scope's listing, made by the caller (fsck selects from the listing it
+    checks)."""
     scope = location.join(run) if run is not None else location
     out = []
-    listing = scope.list_objects()
+    listing = scope.list_objects() if listing is None else listing
     names = {info.name for info in listing}
     for info in listing:
         if _orphan_part(info.name, names):

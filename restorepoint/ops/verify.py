@@ -75,6 +75,7 @@ def verify(  # noqa: PLR0913 - public API: the reader's keyword options
     on_start: Callable[[int], None] | None = None,
     trust: Trust = NO_TRUST,
     part_payloads: bool = True,
+    payload: bool = True,
 ) -> VerifyReport:
     """Verify the restore point at ``url``; raise an IntegrityError subclass naming the first
     fault found, or a StorageError if it cannot be read. Signatures present are always checked
@@ -84,11 +85,15 @@ def verify(  # noqa: PLR0913 - public API: the reader's keyword options
     A commit is verified with every part it names. Without ``part_payloads`` each part is
     checked up to its payload only (head, index and tail, and that it is the part named, whose
     digest pins each file's sha256), for a caller whose ranks verified their own parts' bytes
-    (the prune after a multi-rank publish, spec 25.5)."""
+    (the prune after a multi-rank publish, spec 25.5). Without ``payload`` (and
+    ``part_payloads``) nothing past any index is read: what ``fsck`` checks without
+    ``--read-data``; no key is then needed for an encrypted payload."""
     started = time.perf_counter()
     location = resolve(url, storage_options)
     with at_url(location.url):
-        return _verify(location, started, threads, progress, on_start, trust, part_payloads)
+        return _verify(
+            location, started, threads, progress, on_start, trust, part_payloads, payload=payload
+        )
 
 
 def _verify(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from verify

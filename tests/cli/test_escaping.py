@@ -121,6 +121,14 @@ def test_store_verbs_escape_what_the_store_lists(tmp_path: Path) -> None:
     planted = store / "r" / f".{EVIL}.rp-partial-99999999999-0123456789ab"
     planted.write_bytes(b"x")
     os.utime(planted, (1_000_000, 1_000_000))
+    for as_json in ((), ("--json",)):
+        proc = cli("fsck", str(store), *as_json)
+        assert proc.returncode == 1  # the planted leftover is a defect
+        assert clean(proc.stdout) and clean(proc.stderr)
+    assert (
+        f"{store}/r/.{ESCAPED}.rp-partial-99999999999-0123456789ab"
+        in cli("fsck", str(store)).stdout
+    )
     for args in (
         ("list", str(store)),
         ("latest", str(store)),

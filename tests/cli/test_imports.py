@@ -124,6 +124,7 @@ def local_restore_point(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ["latest", "{store}"],
         ["check", "{rp}", "--term", "torch=2.13"],
         ["prune", "{store}", "--keep-last", "1", "--dry-run"],
+        ["fsck", "{store}", "--read-data"],
     ],
     ids=lambda a: a[0],
 )

@@ -1,0 +1,293 @@
+"""fsck: check a whole store, the way ``restic check`` checks a repository (spec 19.8).
+
+    list once  ->  prune's leftover selection (a dry run) on that listing
+               ->  classify every object by its name (restore point, part, leftover, stray)
+               ->  verify each restore point, one at a time (head and index; --read-data: payloads)
+               ->  parts whose commit is gone, parts no commit names, commits missing a part
+               ->  open multipart uploads
+               ->  with --repair only: prune's own leftover cleanup (19.5, K5), nothing else
+
+Memory: the listing's names (what the backend's listing holds anyway) and one small record per
+finding; a restore point's head and index are read, checked and dropped before the next one,
+so a store of 100k objects costs what its names cost, never what its heads do.
+
+What fsck may remove is exactly what prune removes as leftovers, because it is prune's code
+that removes it (``store._leftovers``): partial names, parts whose commit is gone, and open
+multipart uploads, each past GRACE. A restore point that fails verification, a part that its
+commit does not name and an object that is not a restore point are reported and never touched:
+only a person knows whether they are the last copy of something.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import IntegrityError, NotFound, at_url
+from ..storage import Location, ObjectInfo, parse_partial
+from ._multipart import PARTS_SUFFIX, parts_prefix
+from ._naming import NAME_PATTERN
+from ._open import NO_TRUST, Trust
+from .store import DEFAULT_GRACE_S, _leftovers, _parse, _same, _store, parse_duration
+from .verify import verify
+
+__all__ = ["KINDS", "Finding", "FsckReport", "fsck"]
+
+#: What fsck finds, in the order it reports them.
+KINDS = ("damaged", "missing_part", "orphan_part", "leftover", "upload", "stray")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One object (or upload) that is not a sound restore point of the store.
+
+    ``removable``: prune's leftover cleanup (and so ``fsck --repair``) removes it now.
+    ``pending``: a leftover, part or upload younger than GRACE (or whose local writer lives):
+    it may belong to a publish in progress, so it is reported but is no defect yet."""
+
+    kind: str
+    name: str  # relative to the store ("" for an upload, which has only its key)
+    url: str
+    detail: str
+    error: str | None = None  # the error class, for a restore point that fails
+    removable: bool = False
+    pending: bool = False
+    #: How prune's leftover cleanup names it (a URL; for an upload ``URL (incomplete upload ID)``).
+    cleanup_name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.cleanup_name:
+            object.__setattr__(self, "cleanup_name", self.url)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "detail": self.detail,
+            "error": self.error,
+            "kind": self.kind,
+            "name": self.name,
+            "pending": self.pending,
+            "removable": self.removable,
+            "url": self.url,
+        }
+
+
+@dataclass
+class FsckReport:
+    store: str
+    read_data: bool
+    grace_s: float
+    objects: int = 0
+    restore_points: int = 0
+    sound: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    repaired: list[str] | None = None  # None: no --repair
+
+    @property
+    def defects(self) -> list[Finding]:
+        """Findings that are defects (not pending), less what the repair removed."""
+        gone = set(self.repaired or ())
+        return [f for f in self.findings if not f.pending and f.cleanup_name not in gone]
+
+    def repaired_findings(self) -> set[str]:
+        """The ``cleanup_name`` of each finding that ``--repair`` removed."""
+        return set(self.repaired or ())
+
+    @property
+    def clean(self) -> bool:
+        return not self.defects
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(KINDS, 0)
+        for finding in self.findings:
+            if not finding.pending:
+                out[finding.kind] += 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "clean": self.clean,
+            "counts": self.counts(),
+            "defects": len(self.defects),
+            "findings": [f.to_dict() for f in self.findings],
+            "grace_s": self.grace_s,
+            "objects": self.objects,
+            "ok": self.clean,
+            "pending": sum(f.pending for f in self.findings),
+            "read_data": self.read_data,
+            "repaired": self.repaired,
+            "restore_points": {
+                "checked": self.restore_points,
+                "damaged": self.restore_points - self.sound,
+                "sound": self.sound,
+            },
+            "store": self.store,
+        }
+
+
+def _part_of(name: str) -> str | None:
+    """The commit's store name when ``name`` lies under a commit's parts prefix."""
+    prefix, _, _ = name.rpartition("/")
+    if not prefix.endswith(PARTS_SUFFIX):
+        return None
+    stem = prefix.removesuffix(PARTS_SUFFIX)
+    return stem + ".rp" if NAME_PATTERN.match(stem.rsplit("/", 1)[-1] + ".rp") else None
+
+
+def fsck(  # noqa: PLR0913 - public API: the check's keyword options
+    store: str | Location,
+    *,
+    read_data: bool = False,
+    repair: bool = False,
+    grace: str | float = DEFAULT_GRACE_S,
+    storage_options: dict[str, Any] | None = None,
+    now: float | None = None,
+    trust: Trust = NO_TRUST,
+) -> FsckReport:
+    """Check every object of ``store`` (spec 19.8); with ``repair``, remove what prune's
+    leftover cleanup removes and nothing else. A store that cannot be listed or read raises
+    its StorageError; what is wrong with the objects is in the report, never raised."""
+    grace_s = parse_duration(grace) if isinstance(grace, str) else float(grace)
+    now = time.time() if now is None else now
+    location = _store(store, storage_options)
+    report = FsckReport(location.url, read_data, grace_s)
+    with at_url(location.url):
+        listing = location.list_objects()
+        # What prune would remove now, by prune's own selection from this listing (a dry run
+        # deletes nothing).
+        removable = set(_leftovers(location, None, grace_s, now, dry_run=True, listing=listing))
+        report.objects = len(listing)
+        commits: set[str] = set()
+        parts: dict[str, list[str]] = {}  # commit's store name -> its listed parts
+        for info in listing:
+            if _classify(location, info, removable, grace_s, now, report):
+                commits.add(info.name)
+            elif (commit := _part_of(info.name)) is not None and not _is_partial(info.name):
+                parts.setdefault(commit, []).append(info.name)
+        del listing
+        for commit, names in sorted(parts.items()):
+            if commit in commits:
+                continue
+            for name in sorted(names):
+                url = location.join(name).url
+                report.findings.append(
+                    _pending_or_not(
+                        Finding(
+                            "orphan_part", name, url, f"its commit {commit} is not in the store"
+                        ),
+                        url in removable,
+                    )
+                )
+        for name in sorted(commits):
+            _check_restore_point(location, name, parts.get(name, []), report, trust)
+        for upload in location.pending_uploads():
+            token = f"{upload.url} (incomplete upload {upload.upload_id})"
+            young = upload.initiated is None or now - upload.initiated < grace_s
+            report.findings.append(
+                Finding(
+                    "upload",
+                    upload.name,
+                    upload.url,
+                    f"open multipart upload {upload.upload_id}",
+                    removable=token in removable,
+                    pending=young and token not in removable,
+                    cleanup_name=token,
+                )
+            )
+        if repair:
+            # Prune's cleanup, not a copy of it: fsck removes only what prune removes.
+            report.repaired = _leftovers(location, None, grace_s, now, dry_run=False)
+    report.findings.sort(key=lambda f: (KINDS.index(f.kind), f.name, f.url))
+    return report
+
+
+def _pending_or_not(finding: Finding, removable: bool) -> Finding:
+    """A leftover or orphan part prune would not remove yet is younger than GRACE, or its
+    writer lives: pending, not a defect. One it removes is a defect that --repair clears."""
+    return Finding(
+        finding.kind,
+        finding.name,
+        finding.url,
+        finding.detail,
+        removable=removable,
+        pending=not removable,
+        cleanup_name=finding.cleanup_name,
+    )
+
+
+def _classify(  # noqa: PLR0913, PLR0917 - one listed object, and what decides its class
+    location: Location,
+    info: ObjectInfo,
+    removable: set[str],
+    grace_s: float,
+    now: float,
+    report: FsckReport,
+) -> bool:
+    """Record a leftover or a stray; True for a restore point (a commit), False otherwise."""
+    url = location.join(info.name).url
+    partial = parse_partial(info.name.rsplit("/", 1)[-1])
+    if partial is not None:
+        young = info.modified is None or now - info.modified < grace_s
+        why = "younger than the grace period" if young else "a writer on this host is alive"
+        detail = "an interrupted publish's temporary object" + (
+            "" if url in removable else f" ({why})"
+        )
+        report.findings.append(
+            _pending_or_not(Finding("leftover", info.name, url, detail), url in removable)
+        )
+        return False
+    if _parse(info) is not None:
+        return True
+    if _part_of(info.name) is None:
+        report.findings.append(Finding("stray", info.name, url, "not a restore point"))
+    return False
+
+
+def _is_partial(name: str) -> bool:
+    return parse_partial(name.rsplit("/", 1)[-1]) is not None
+
+
+def _check_restore_point(
+    location: Location, name: str, parts: list[str], report: FsckReport, trust: Trust
+) -> None:
+    """Verify one restore point (and its parts) as the report asks; record what fails.
+    ``parts``: the objects listed under its parts prefix."""
+    entry = _parse(ObjectInfo(name, location.join(name).url, 0, None))
+    assert entry is not None
+    where = location.join(name)
+    report.restore_points += 1
+    try:
+        checked = verify(
+            where, trust=trust, payload=report.read_data, part_payloads=report.read_data
+        )
+        _same(checked.manifest, where, entry)
+    except NotFound as exc:
+        if exc.url == where.url:
+            report.restore_points -= 1  # deleted since the listing: not in the store any more
+            return
+        raise
+    except IntegrityError as exc:
+        # A part the commit names that the listing lacks: the commit is missing a part.
+        listed = {location.join(p).url for p in parts}
+        under = location.join(parts_prefix(name) + "/-").url[:-1]
+        missing = exc.url is not None and exc.url.startswith(under) and exc.url not in listed
+        report.findings.append(
+            Finding(
+                "missing_part" if missing else "damaged",
+                name,
+                where.url,
+                exc.message,
+                error=type(exc).__name__,
+            )
+        )
+        return
+    report.sound += 1
+    # A part under this commit's prefix that the commit does not name is no restore point's:
+    # prune keeps it (its commit exists), so it is a defect to look at, never removed here.
+    named = {p.url for p in checked.parts}
+    for part in sorted(parts):
+        url = location.join(part).url
+        if url not in named:
+            report.findings.append(
+                Finding("orphan_part", part, url, f"its commit {name} does not name it")
+            )

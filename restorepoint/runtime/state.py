@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import hashlib
 import os
 import random
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from .._posix import fsync_dir
-from ..errors import IncompatibleRestorePoint
+from ..errors import IncompatibleRestorePoint, StorageError
 from .safe_load import safe_load
 
 __all__ = [
@@ -85,12 +86,31 @@ def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
     checkpoints a pack may be reading), fsync, rename over ``target``, fsync of its
     directory."""
     tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(dict(state), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(dict(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        # No litter, and the previous file untouched (docs/reliability.md, "Full disks").
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if _no_space(exc):
+            raise StorageError("no space left on the device", url=str(target)) from exc
+        raise
     fsync_dir(target.parent)
+
+
+def _no_space(exc: BaseException | None) -> bool:
+    """Whether ENOSPC (or EDQUOT) caused ``exc``: torch.save reports it as a RuntimeError
+    whose context is the OSError."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 # -- what every rank holds alike --------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from clirun import cli, one_error_line
-from fulldisk import fill, small_disk
+from fulldisk import cli_env, fill, small_disk
 
 import restorepoint
 from restorepoint.errors import StorageError
@@ -46,13 +46,16 @@ def test_a_publish_into_a_full_local_store(disk: Path, tmp_path: Path) -> None:
     big = random_tree(tmp_path / "big", {"w.bin": 3 * MiB})
     store = disk / "store"
     head = ("--trainer", "t=1", "--run", "r1", "--codec", "none")
-    first = cli("pack", str(small), f"{store}/", "--step", "1", *head)
+    env = cli_env(disk)
+    first = cli("pack", str(small), f"{store}/", "--step", "1", *head, extra_env=env)
     assert first.returncode == 0, first.stderr
     previous = first.stdout.splitlines()[-1]
     before = tree(store)
 
     # Into the store, with a prune after the publish: the publish fails, nothing is pruned.
-    proc = cli("pack", str(big), f"{store}/", "--step", "2", "--keep-last", "1", *head)
+    proc = cli(
+        "pack", str(big), f"{store}/", "--step", "2", "--keep-last", "1", *head, extra_env=env
+    )
     assert proc.returncode == 4
     line = one_error_line(proc)
     name = rf"{re.escape(str(store))}/r1/0+2-\S+\.rp"
@@ -62,7 +65,18 @@ def test_a_publish_into_a_full_local_store(disk: Path, tmp_path: Path) -> None:
 
     # At a URL of its own, the same.
     one = disk / "one.rp"
-    proc = cli("pack", str(big), str(one), "--step", "2", "--trainer", "t=1", "--codec", "none")
+    proc = cli(
+        "pack",
+        str(big),
+        str(one),
+        "--step",
+        "2",
+        "--trainer",
+        "t=1",
+        "--codec",
+        "none",
+        extra_env=env,
+    )
     assert proc.returncode == 4
     assert one_error_line(proc) == f"restorepoint: error: {one}: no space left on the device"
     assert sorted(os.listdir(disk)) == ["store"]
@@ -78,7 +92,7 @@ def test_an_import_into_a_full_destination(disk: Path, tmp_path: Path) -> None:
 
     # The CLI: the free-space check before anything is unpacked.
     fill(disk, leave=256 << 10)
-    proc = cli("import", str(rp), str(dest), "--force", "--trainer", "t=1")
+    proc = cli("import", str(rp), str(dest), "--force", "--trainer", "t=1", extra_env=cli_env(disk))
     assert proc.returncode == 4
     line = one_error_line(proc)
     assert line.startswith(f"restorepoint: error: {dest}: not enough space for the payload: ")

@@ -239,6 +239,7 @@ class Publisher:
         common: list[str] = []
         refs: tuple[PartRef | None, PartRef | None] = (None, None)
         error = ""
+        saved = False
         try:
             state = snap.state
             if shared:
@@ -247,6 +248,7 @@ class Publisher:
                 self._save(snap, checkpoints / name, common_state, sidecar=False)
                 common = [name]
             self._save(snap, checkpoints / self.rank_file(), state)
+            saved = True
             if shared:
                 remove_other_shared(checkpoints, common[0])
             if self.store is not None:
@@ -254,6 +256,8 @@ class Publisher:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.warning("snapshot at step %d failed: %s", snap.position.step, error)
+            if not saved:
+                self.save_errors[snap.position.step] = str(exc)
         if self.store is None:
             return
         gathered = self._gather((refs, error))

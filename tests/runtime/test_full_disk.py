@@ -6,6 +6,7 @@ once there is room again."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
 from fulldisk import fill, small_disk  # noqa: E402
 
+from restorepoint._posix import atomic_write  # noqa: E402
 from restorepoint.errors import StorageError  # noqa: E402
 from restorepoint.runtime.contract import POSITION_FILE  # noqa: E402
 from restorepoint.runtime.state import load_state, save_state  # noqa: E402
@@ -64,6 +66,17 @@ def test_save_state_on_a_full_disk_keeps_the_previous_file(disk: Path) -> None:
     assert info.value.exit_code == 4
     assert target.read_bytes() == before
     assert sorted(p.name for p in disk.iterdir()) == ["last.pt"]
+
+    # The position sidecar and the run's status files: the same, through atomic_write.
+    sidecar = disk / "position.json"
+    atomic_write(sidecar, b"{}")
+    fill(disk)
+    with pytest.raises(OSError, match="No space left") as failed:
+        atomic_write(sidecar, b"x" * (64 << 10))
+    assert failed.value.errno == errno.ENOSPC
+    assert failed.value.filename == str(sidecar)
+    assert sidecar.read_bytes() == b"{}"
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "last.pt", "position.json"]
 
 
 def test_a_run_on_a_disk_that_fills_warns_then_keeps_its_last_snapshot(

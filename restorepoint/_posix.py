@@ -94,10 +94,13 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         # No litter: a temporary file left in checkpoints/ would be packed with the state.
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:
+            # A failed write (ENOSPC) names no file: name the one that was being written.
+            raise OSError(exc.errno, exc.strerror, str(target)) from exc
         raise
     fsync_dir(target.parent)
 

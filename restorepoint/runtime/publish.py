@@ -9,13 +9,21 @@ store, on the snapshot worker's thread (docs/adapters.md, "Snapshots and signals
   the previous restore point stays the newest.
 
 A failed snapshot never stops training: it is recorded (``uploads``, the ``upload_failed`` and
-``snapshot_failed`` events) and training goes on.
+``snapshot_failed`` events) and training goes on. A snapshot that cannot be saved (a full
+disk: ``StorageError``, "no space left on the device", naming the file) leaves the previous
+one in place, whole, and no temporary file behind.
+
+Before each save the free space of the run directory's file system is compared with what the
+snapshot needs: the last snapshot's size, or before the first one the tracked state's bytes
+(whichever is larger). Below ``LOW_SPACE_FACTOR`` times that, one warning is logged (and a
+``disk_space_low`` event recorded), once per process (docs/reliability.md, "Full disks").
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,9 +40,33 @@ from .contract import POSITION_FILE, RunDirectory
 from .state import remove_other_shared, save_state, shared_file, split_shared, state_digest
 from .worker import Snapshot
 
-__all__ = ["Publisher", "json_line", "rank_file"]
+__all__ = ["LOW_SPACE_FACTOR", "Publisher", "json_line", "rank_file", "state_bytes"]
 
 log = logging.getLogger("restorepoint.torch")
+
+
+#: Warn when the run directory's file system has less free space than this many snapshots:
+#: a save writes the new file beside the old one, so below one the next save fails, and below
+#: two one more snapshot (or anything else written there) is enough to fill it.
+LOW_SPACE_FACTOR = 2
+
+
+def state_bytes(value: Any) -> int:
+    """The bytes of the tensors a state holds: what its save needs at least."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(state_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(state_bytes(v) for v in value)
+    return 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def json_line(doc: Mapping[str, Any]) -> bytes:
@@ -74,6 +106,9 @@ class Publisher:
         self.head = head
         self.event = event
         self.uploads: list[dict[str, Any]] = []
+        #: The snapshots that could not be saved: step -> the error, as one line.
+        self.save_errors: dict[int, str] = {}
+        self._space_warned = False
 
     @property
     def is_main(self) -> bool:
@@ -101,17 +136,50 @@ class Publisher:
             if self.store is not None:
                 self._publish(snap)
         except Exception as exc:
-            log.warning("snapshot at step %d failed: %s", snap.position.step, exc)
-            self.event("snapshot_failed", step=snap.position.step, error=str(exc))
+            step = snap.position.step
+            log.warning("snapshot at step %d failed: %s", step, exc)
+            self.save_errors[step] = str(exc)
+            self.event("snapshot_failed", step=step, error=str(exc))
 
     def _save(
         self, snap: Snapshot, target: Path, state: Mapping[str, Any], *, sidecar: bool = True
     ) -> None:
         """A kill at any moment leaves the previous file or the new one, never a torn one."""
+        self._check_space(snap, target, state)
         save_state(state, target, self.directory.path)
         if sidecar and self.is_main:
             # A small sidecar, so choosing where to resume from needs no load of the state.
             atomic_write(target.parent / POSITION_FILE, json_line(snap.position.to_dict()))
+
+    def _check_space(self, snap: Snapshot, target: Path, state: Mapping[str, Any]) -> None:
+        """Warn once, before a save, when the scratch file system is nearly full: the first
+        snapshot is where a disk that is too small shows, so before it the tracked state's
+        bytes stand for the snapshot's size."""
+        if self._space_warned:
+            return
+        need = max(_size(target), state_bytes(state))
+        try:
+            st = os.statvfs(self.directory.path)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        if free >= LOW_SPACE_FACTOR * need:
+            return
+        self._space_warned = True
+        log.warning(
+            "restorepoint: low disk space for snapshots in %s: %d bytes free, a snapshot "
+            "takes about %d; a snapshot that does not fit fails and the previous one stays",
+            self.directory.path,
+            free,
+            need,
+        )
+        self.event(
+            "disk_space_low",
+            step=snap.position.step,
+            path=str(self.directory.path),
+            free=free,
+            need=need,
+        )
 
     def _publish(self, snap: Snapshot) -> None:
         started = time.perf_counter()
@@ -171,6 +239,7 @@ class Publisher:
         common: list[str] = []
         refs: tuple[PartRef | None, PartRef | None] = (None, None)
         error = ""
+        saved = False
         try:
             state = snap.state
             if shared:
@@ -179,13 +248,16 @@ class Publisher:
                 self._save(snap, checkpoints / name, common_state, sidecar=False)
                 common = [name]
             self._save(snap, checkpoints / self.rank_file(), state)
+            saved = True
             if shared:
                 remove_other_shared(checkpoints, common[0])
             if self.store is not None:
                 refs = self._publish_parts(snap, plan, own, common)
         except Exception as exc:
-            error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+            error = f"{type(exc).__name__}: {exc}"
             log.warning("snapshot at step %d failed: %s", snap.position.step, error)
+            if not saved:
+                self.save_errors[snap.position.step] = str(exc)
         if self.store is None:
             return
         gathered = self._gather((refs, error))

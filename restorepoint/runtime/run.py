@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import functools
 import json
 import logging
@@ -181,6 +182,7 @@ class ResumableRun:
         # The step of the newest snapshot taken or resumed from (None: none yet).
         self._snapshot_step: int | None = None
         self._status = "running"
+        self._disk_full_said = False
         self._resubmits = 0
         self._reports: list[Path] = []
         self._upload_deadline: float | None = None
@@ -443,22 +445,39 @@ class ResumableRun:
         self._status = status
         if not self.is_main:
             return
-        self.directory.write_status(
-            {
-                "last_signal": self.flags.last_signal,
-                "max_resubmit_attempts": self.max_resubmit_attempts,
-                "resubmit_count": self._resubmits,
-                "run": self.run_id,
-                "status": status,
-                "step": self.step,
-                "updated": now(),
-                **extra,
-            }
-        )
+        with self._disk_full_tolerated("run_status.json"):
+            self.directory.write_status(
+                {
+                    "last_signal": self.flags.last_signal,
+                    "max_resubmit_attempts": self.max_resubmit_attempts,
+                    "resubmit_count": self._resubmits,
+                    "run": self.run_id,
+                    "status": status,
+                    "step": self.step,
+                    "updated": now(),
+                    **extra,
+                }
+            )
 
     def _event(self, kind: str, **fields: Any) -> None:
         if self.is_main:
-            self.directory.append_event(kind, **fields)
+            with self._disk_full_tolerated("events.jsonl"):
+                self.directory.append_event(kind, **fields)
+
+    @contextlib.contextmanager
+    def _disk_full_tolerated(self, what: str) -> Iterator[None]:
+        """A full disk must not stop training (docs/reliability.md, "Full disks"): a status
+        or event line that cannot be written is left out, said once in the log."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            if not self._disk_full_said:
+                self._disk_full_said = True
+                log.warning(
+                    "restorepoint: %s: %s not written: %s", self.run_dir, what, exc.strerror
+                )
 
     @property
     def tracker_run_id(self) -> str | None:

@@ -15,6 +15,7 @@ after the rank file that named it was replaced, so a kill leaves a pair that bel
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import random
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from .._posix import fsync_dir
-from ..errors import IncompatibleRestorePoint
+from ..errors import IncompatibleRestorePoint, StorageError
 from .safe_load import safe_load
 from .snapshot_file import is_snapshot_file, read_snapshot_file, storable, write_snapshot_file
 
@@ -102,9 +103,12 @@ def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
+        # No litter, and the previous file untouched (docs/reliability.md, "Full disks").
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if _no_space(exc):
+            raise StorageError("no space left on the device", url=str(target)) from exc
         raise
     fsync_dir(target.parent)
 
@@ -116,6 +120,17 @@ def read_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) 
     if is_snapshot_file(path):
         return read_snapshot_file(path)
     return safe_load(path, extra_globals=extra_globals)
+
+
+def _no_space(exc: BaseException | None) -> bool:
+    """Whether ENOSPC (or EDQUOT) caused ``exc``: torch.save reports it as a RuntimeError
+    whose context is the OSError."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 # -- what every rank holds alike --------------------------------------------------------------

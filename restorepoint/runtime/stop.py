@@ -80,7 +80,16 @@ def stop_line(
     """The one line a stop prints: what was asked, at which step, where the state at the stop
     went, and the exit code."""
     head = f"restorepoint: stop ({why}) at step {run.step}: "
-    if run.store is None:
+    unsaved = run.publisher.save_errors.get(run.step) if finished else None
+    if unsaved is not None:
+        checkpoints = run.directory.checkpoints
+        kept = (
+            f"the previous snapshot in {checkpoints} stays the newest"
+            if (checkpoints / run.publisher.rank_file()).exists()
+            else f"there is no snapshot in {checkpoints} to resume from"
+        )
+        where = f"the snapshot was not saved ({unsaved}): {kept}"
+    elif run.store is None:
         where = f"snapshot saved in {run.directory.checkpoints} (no store)"
     elif upload is not None and upload.get("ok"):
         where = f"restore point published to {upload.get('url')}"

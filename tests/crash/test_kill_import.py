@@ -41,8 +41,9 @@ IMPORTER = Path(__file__).with_name("_importer.py")
 #: place is still a kill.
 LINGER = 60.0
 #: Delays run up to this multiple of the measured import: the part past 1.0 lands after the
-#: move into place even when a trial is slower than the measured one.
-REACH = 1.5
+#: move into place even when a trial is slower than the measured one. At 1.5, a CI run on a
+#: loaded machine once had all 24 trials slower than the measurement (none after the move).
+REACH = 2.5
 TRIALS = trials(24)  # per scenario
 
 

@@ -232,6 +232,7 @@ class HeadSpec:
         *,
         operational_keys: Sequence[str] = (),
         run: str | None = None,
+        metrics: Mapping[str, float] | None = None,
     ) -> HeadSpec:
         """The head of a restore point made on the machine ``view`` describes (an adapter's
         local view): what the same view elsewhere must meet. A field the view does not know
@@ -245,6 +246,7 @@ class HeadSpec:
             cache_keys=dict(view.cache_keys) if isinstance(view.cache_keys, Mapping) else {},
             cache_root=view.cache_root if view.cache_root is not UNSET else None,
             run=run,
+            metrics=dict(metrics or {}),
         )
 
     def at(self, position: Position, metrics: Mapping[str, float] | None = None) -> HeadSpec:

@@ -46,7 +46,7 @@ from ..ops import Expectations, entry_name, verify
 from ..ops.local_view import DATA_KEY, data_digest
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.store import KeepBest
-from ..runtime.contract import EXIT_RESUMABLE, report_ready
+from ..runtime.contract import EXIT_RESUMABLE, KEEP_BEST_ENV, report_ready
 from ..runtime.safe_load import safe_load
 from ..runtime.signals import signal_name
 from ._lightning_metrics import keep_best_for, monitored
@@ -180,6 +180,9 @@ class PreemptionCallback(pl.Callback):
         # ModelCheckpoint's, known at setup; given here, they are checked here.
         self.metric = metric
         self._best = (keep_best, metric, mode)
+        if keep_best is None and os.environ.get(KEEP_BEST_ENV):  # under restorepoint run
+            rule = KeepBest.from_text(os.environ[KEEP_BEST_ENV])
+            self._best, self.metric = (rule.k, rule.metric, rule.mode), rule.metric
         self.keep_best = (
             KeepBest.of(keep_best, metric, mode, "metric=") if keep_best and metric else None
         )

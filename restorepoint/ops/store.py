@@ -283,6 +283,17 @@ class KeepBest:
     def reason(self) -> str:
         return f"keep-best {self.k} {self.metric} {self.mode}"
 
+    def to_text(self) -> str:
+        """``K METRIC MODE``: how a supervisor hands the rule to its trainer (environment)."""
+        return f"{self.k} {self.metric} {self.mode}"
+
+    @classmethod
+    def from_text(cls, text: str) -> KeepBest:
+        words = text.split(" ")
+        if len(words) != 3 or not words[0].isdigit():
+            raise UsageError(f"not a keep-best rule (K METRIC MODE): {text!r}")
+        return cls(int(words[0]), words[1], words[2])
+
 
 @dataclass
 class RunPlan:

@@ -63,6 +63,7 @@ from ..ops.store import KeepBest
 from ..trust import Trust, load_signing_key
 from .contract import (
     EXIT_RESUMABLE,
+    KEEP_BEST_ENV,
     POSITION_FILE,
     READY_ENV,
     REFUSED_FILE,
@@ -161,6 +162,8 @@ class ResumableRun:
         self.keep_last = keep_last
         #: Retention by metric at each publish (spec 19.5), beside keep_last.
         self.keep_best = KeepBest.of(keep_best, metric, mode, "metric=")
+        if self.keep_best is None and os.environ.get(KEEP_BEST_ENV):
+            self.keep_best = KeepBest.from_text(os.environ[KEEP_BEST_ENV])
         # What commit(metrics=...) gave since the last snapshot: the next snapshot records it.
         self._metrics: dict[str, float] = {}
         #: Snapshot (and publish) the state at completion: on by default with a store.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -223,3 +224,20 @@ def test_pack_then_prune_keeps_the_best(source: Path, tmp_path: Path) -> None:
     left = {e.name for e in restorepoint.list_store(store)}
     assert left == {out["url"].removeprefix(store), names[4]}  # the new one, the best (0.1)
     assert len(out["pruned"]) == 7
+
+
+def test_run_hands_keep_best_to_the_trainer(tmp_path: Path) -> None:
+    """restorepoint run --keep-best: the trainer (a ResumableRun or the Lightning callback
+    under it) finds the rule in its environment and prunes by it."""
+    show = "import os; print(os.environ['RESTOREPOINT_KEEP_BEST'])"
+    store = f"{tmp_path}/store/"
+    proc = cli(
+        "run", "--store", store, "--keep-best", "2", "--metric", "val_loss", "--mode", "max",
+        "--", sys.executable, "-c", show,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "2 val_loss max"
+    assert KeepBest.from_text("2 val_loss max") == KeepBest(2, "val_loss", "max")
+    proc = cli("run", "--store", store, "--metric", "val_loss", "--", sys.executable, "-c", "0")
+    assert proc.returncode == 2
+    assert "--keep-best" in one_error_line(proc)

@@ -85,3 +85,17 @@ def test_a_run_keeps_its_best_and_newest_and_protects_what_it_resumed_from(
     report = prune(store, keep_last=1, keep_best=1, metric="val_loss")
     assert sorted(steps(store, run_id)) == [2, 100]
     assert len(report.deleted) == 2
+
+
+def test_under_restorepoint_run_the_rule_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from restorepoint.ops.store import KeepBest
+
+    monkeypatch.setenv("RESTOREPOINT_KEEP_BEST", "3 val_acc max")
+    run = ResumableRun(CONFIG, root=tmp_path)
+    assert run.keep_best == KeepBest(3, "val_acc", "max")
+    assert run.publisher.keep_best == run.keep_best
+    # Its own options win.
+    own = ResumableRun(CONFIG, root=tmp_path, keep_best=1, metric="val_loss")
+    assert own.keep_best == KeepBest(1, "val_loss", "min")

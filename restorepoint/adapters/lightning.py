@@ -502,7 +502,7 @@ class PreemptionCallback(pl.Callback):
             os.replace(partial, final)
             fsync_dir(self.dirpath)
 
-    def _pack(self, step: int, epoch: int, metrics: Mapping[str, float]) -> None:
+    def _pack(self, step: int, epoch: int, metrics: Mapping[str, float] | None = None) -> None:
         head = HeadSpec.from_view(
             self.view, Position(step, epoch), operational_keys=self.operational, run=self.run,
             metrics=metrics,

@@ -61,7 +61,7 @@ class ResumeMarker:
 
     def __post_init__(self) -> None:
         run, _, stem = self.name.partition("/")
-        if not NAME_PATTERN.match(stem) or "/" in stem:
+        if not RUN_PATTERN.fullmatch(run) or not NAME_PATTERN.match(stem) or "/" in stem:
             raise ValueError(f"not a store name: {self.name!r}")
         if not 0 < self.lease_s <= MAX_LEASE_S:
             raise ValueError(f"a lease is from 1 s to {MAX_LEASE_S} s")

@@ -170,6 +170,8 @@ class Supervisor(ResumeSteps):
         # once it did (its ``resumed`` event, or an exit other than 3), never before a refusal.
         self._pending_resume: dict[str, Any] | None = None
         self._resume_checked = 0.0
+        self._marker = None
+        self._marker_renewed = 0.0
         # The spot-queue loop around an external trainer (made by run_trainer).
         self._loop: ExternalLoop | None = None
 
@@ -524,6 +526,7 @@ class Supervisor(ResumeSteps):
                     self._proc.wait()
             raise
         finally:
+            self._release_marker()
             if self.watcher is not None:
                 self.watcher.stop()
             for signum, handler in previous.items():

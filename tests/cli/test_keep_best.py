@@ -241,3 +241,27 @@ def test_run_hands_keep_best_to_the_trainer(tmp_path: Path) -> None:
     proc = cli("run", "--store", store, "--metric", "val_loss", "--", sys.executable, "-c", "0")
     assert proc.returncode == 2
     assert "--keep-best" in one_error_line(proc)
+
+
+def test_run_marks_what_it_resumed_from_while_the_trainer_lives(
+    source: Path, tmp_path: Path
+) -> None:
+    """restorepoint run --resume-from a restore point of its own store: while the trainer runs
+    (here: a prune of the store), that restore point is protected; after, it is not."""
+    store = f"{tmp_path}/store/"
+    names = seed(source, store)
+    old = restorepoint.list_store(store)[-1]  # step 1
+    assert old.name == names[0]
+    proc = cli(
+        # The seeded restore points record no torch term: the gate is not what this tests.
+        "run", "--store", store, "--run", "r", "--resume-from", old.url, "--no-gate", "--force",
+        "--",
+        sys.executable, "-m", "restorepoint", "prune", store, "--keep-last", "1", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    plan = kept(json.loads(proc.stdout))
+    assert plan == {
+        names[7]: ["newest", "newest that verifies", "keep-last 1"],
+        names[0]: ["resumed from by a live run"],
+    }
+    assert not list((tmp_path / "store" / "r").glob(".resumed-*.json"))  # released

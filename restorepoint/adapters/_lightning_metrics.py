@@ -5,12 +5,14 @@ else those of the Trainer's first ModelCheckpoint that monitors something."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from ..format.metrics import METRIC_NAME
 from ..ops.store import KeepBest
+from ..runtime.contract import KEEP_BEST_ENV
 
-__all__ = ["keep_best_for", "monitored"]
+__all__ = ["best_options", "keep_best_for", "monitored"]
 
 
 def _monitor(trainer: Any) -> tuple[str | None, str | None]:
@@ -20,6 +22,19 @@ def _monitor(trainer: Any) -> tuple[str | None, str | None]:
             mode = getattr(callback, "mode", None)
             return monitor, mode if mode in ("min", "max") else None
     return None, None
+
+
+def best_options(
+    keep_best: int | None, metric: str | None, mode: str | None
+) -> tuple[int | None, str | None, str | None]:
+    """The callback's keep-best options, checked now as far as they go (the metric may come
+    from a ModelCheckpoint at setup); none given: the supervisor's (``KEEP_BEST_ENV``)."""
+    if keep_best is None and os.environ.get(KEEP_BEST_ENV):  # under restorepoint run
+        rule = KeepBest.from_text(os.environ[KEEP_BEST_ENV])
+        return rule.k, rule.metric, rule.mode
+    if keep_best is not None and metric is not None:
+        KeepBest(keep_best, metric, mode or "min")
+    return keep_best, metric, mode
 
 
 def keep_best_for(

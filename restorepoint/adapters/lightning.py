@@ -46,10 +46,10 @@ from ..ops import Expectations, entry_name, verify
 from ..ops.local_view import DATA_KEY, data_digest
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.store import KeepBest
-from ..runtime.contract import EXIT_RESUMABLE, KEEP_BEST_ENV, report_ready
+from ..runtime.contract import EXIT_RESUMABLE, report_ready
 from ..runtime.safe_load import safe_load
 from ..runtime.signals import signal_name
-from ._lightning_metrics import keep_best_for, monitored
+from ._lightning_metrics import best_options, keep_best_for, monitored
 from ._lightning_resume import (
     IDENTITY_KEY,
     LAST,
@@ -178,14 +178,9 @@ class PreemptionCallback(pl.Callback):
         self.keep_last = keep_last
         # Retention by metric: the metric (and mode) default to the monitoring
         # ModelCheckpoint's, known at setup; given here, they are checked here.
-        self.metric = metric
-        self._best = (keep_best, metric, mode)
-        if keep_best is None and os.environ.get(KEEP_BEST_ENV):  # under restorepoint run
-            rule = KeepBest.from_text(os.environ[KEEP_BEST_ENV])
-            self._best, self.metric = (rule.k, rule.metric, rule.mode), rule.metric
-        self.keep_best = (
-            KeepBest.of(keep_best, metric, mode, "metric=") if keep_best and metric else None
-        )
+        self._best = best_options(keep_best, metric, mode)
+        self.metric = self._best[1]
+        self.keep_best: KeepBest | None = None
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:

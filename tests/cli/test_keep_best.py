@@ -265,3 +265,13 @@ def test_run_marks_what_it_resumed_from_while_the_trainer_lives(
         names[0]: ["resumed from by a live run"],
     }
     assert not list((tmp_path / "store" / "r").glob(".resumed-*.json"))  # released
+    # From the run's newest: no marker (every prune keeps the newest; a requeue resumes from
+    # the run's own newer restore point).
+    count = "import glob, sys; print(len(glob.glob(sys.argv[1] + '/r/.resumed-*.json')))"
+    newest = restorepoint.list_store(store)[0]
+    proc = cli(
+        "run", "--store", store, "--run", "r", "--resume-from", newest.url, "--no-gate",
+        "--force", "--", sys.executable, "-c", count, str(tmp_path / "store"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "0"

@@ -110,6 +110,7 @@ def render(m: Manifest, report: VerifyReport | None = None) -> list[str]:
         ("producer", f"{m.producer.name} {m.producer.version}"),
         ("trainer", f"{m.trainer.name} {m.trainer.version}" if m.trainer else "-"),
         ("position", where),
+        *([("metrics", _pairs(dict(m.metrics)))] if m.metrics else []),
         ("config", config),
         ("cache root", m.cache_root or "-"),
         ("cache keys", _pairs(dict(m.cache_keys))),

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .._text import plural
+from .._text import plural, printable
 from ..errors import UsageError
 from ._common import (
     error_line,
@@ -59,6 +59,24 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
         int | None,
         typer.Option(min=1, help="DEST is a store: then prune the run to its N newest."),
     ] = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric", help="A metric NAME=VALUE the restore point records (repeatable)."
+        ),
+    ] = None,
+    keep_best: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="DEST is a store: the prune also keeps the run's N best (--best-metric)."
+        ),
+    ] = None,
+    best_metric: Annotated[
+        str | None, typer.Option(help="The metric --keep-best ranks by.")
+    ] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="min (the default: lower is better) or max.")
+    ] = None,
     codec: Annotated[
         str,
         typer.Option(
@@ -106,14 +124,17 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
 ) -> None:
     """Pack a checkpoint into a restore point, published atomically at DEST."""
 
-    def body() -> None:  # noqa: PLR0912 - the pack verb's option combinations, each refused or honoured here
+    def body() -> None:  # noqa: PLR0912, PLR0915 - the pack verb's option combinations, each refused or honoured here
         from ..format import Position
         from ..ops import load_config
         from ..ops.publish import HeadSpec, PackOptions, publish
+        from ..ops.store import KeepBest
         from ..trust import load_public, load_signing_key
 
         if batch is not None and epoch is None:
             raise UsageError("--batch needs --epoch")
+        best = KeepBest.of(keep_best, best_metric, mode, "--best-metric")
+        metrics = parse_metrics(metric)
         config_data = load_config(config) if config is not None else None
         options = command_line_view(trainer, term, key, cache_root, config_data, data)
         operational_keys = list(operational or [])
@@ -143,6 +164,8 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
         else:
             raise UsageError("--step is required (or --adapter, which knows the step)")
         head = HeadSpec.from_view(options, position, operational_keys=operational_keys, run=run_id)
+        if metrics:
+            head = head.at(head.manifest.position, metrics)
         pack_options = PackOptions(
             level=level,
             codec=codec,
@@ -153,7 +176,7 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
         with progress_bar(show_progress(json_), "packing") as (on_start, advance):
             done = publish(
                 source_dir, dest, head, pack_options, include=include, keep_last=keep_last,
-                handoff=handoff, progress=advance, on_start=on_start,
+                keep_best=best, handoff=handoff, progress=advance, on_start=on_start,
             )  # fmt: skip
         result = done.pack
         if not json_:
@@ -177,3 +200,23 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
             print_json(done.to_dict())
 
     run(json_, body)
+
+
+def parse_metrics(pairs: list[str] | None) -> dict[str, int | float]:
+    """``NAME=VALUE`` options as metrics: an integer stays one, anything else is a float; the
+    head's own check (spec 4.3) refuses a bad name, a non-finite value, or too many."""
+    out: dict[str, int | float] = {}
+    for pair in pairs or []:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--metric wants NAME=VALUE, not {printable(pair)}")
+        if name in out:
+            raise UsageError(f"--metric {printable(name)} is given twice")
+        try:
+            out[name] = int(text)
+        except ValueError:
+            try:
+                out[name] = float(text)
+            except ValueError:
+                raise UsageError(f"--metric {printable(name)}: not a number") from None
+    return out

@@ -78,6 +78,16 @@ def run_command(
         int,
         typer.Option(min=1, help="External trainers: keep the run's N newest restore points."),
     ] = 1,
+    keep_best: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Also keep the run's N best by --metric (the trainer's publishes too)."
+        ),
+    ] = None,
+    metric: Annotated[str | None, typer.Option(help="The metric --keep-best ranks by.")] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="min (the default: lower is better) or max.")
+    ] = None,
     keep_local: Annotated[
         int,
         typer.Option(min=0, help="External trainers: keep N local checkpoints (0: all)."),
@@ -118,10 +128,12 @@ def run_command(
     (exit 3, the trainer not started, when refused)."""
 
     def body() -> None:
+        from ..ops.store import KeepBest
         from ..preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry
         from ..preempt.supervisor import publishes_itself
         from ..preempt.watchers import AWS_ENDPOINT, GCP_ENDPOINT
 
+        best = KeepBest.of(keep_best, metric, mode)
         if resume_from and auto_resume:
             raise UsageError("--resume-from and --auto-resume exclude each other")
         if no_gate and not force:
@@ -180,6 +192,7 @@ def run_command(
             signing_key=str(sign) if sign is not None else None,
             head=head,
             keep_last=keep_last,
+            keep_best=best,
             keep_local=keep_local or None,
             kill_after_s=kill_after,
         )

@@ -94,6 +94,19 @@ def prune_command(
         str | None,
         typer.Option(help="Also keep those created within DURATION of the run's newest (6h, 7d)."),
     ] = None,
+    keep_best: Annotated[
+        int | None,
+        typer.Option(min=1, help="Also keep the N best of each run by --metric."),
+    ] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            help="The metric --keep-best ranks by (restore points without it: never best)."
+        ),
+    ] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="min (the default: lower is better) or max.")
+    ] = None,
     run_id: RunOpt = None,
     grace: Annotated[
         str | None,
@@ -110,7 +123,8 @@ def prune_command(
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Delete the restore points no retention rule keeps (never a run's newest, nor the
-    newest that verifies, nor anything newer), and leftovers of interrupted uploads."""
+    newest that verifies, nor anything newer, nor what a live run resumed from), and leftovers
+    of interrupted uploads."""
 
     def body() -> None:
         from ..ops.store import DEFAULT_GRACE_S, prune
@@ -120,6 +134,9 @@ def prune_command(
             keep_last=keep_last,
             keep_every=keep_every,
             keep_within=keep_within,
+            keep_best=keep_best,
+            metric=metric,
+            mode=mode,
             run=run_id,
             dry_run=dry_run,
             grace=DEFAULT_GRACE_S if grace is None else grace,

@@ -45,9 +45,11 @@ from ..format import Manifest, Position
 from ..ops import Expectations, entry_name, verify
 from ..ops.local_view import DATA_KEY, data_digest
 from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.store import KeepBest
 from ..runtime.contract import EXIT_RESUMABLE, report_ready
 from ..runtime.safe_load import safe_load
 from ..runtime.signals import signal_name
+from ._lightning_metrics import best_options, keep_best_for, monitored
 from ._lightning_resume import (
     IDENTITY_KEY,
     LAST,
@@ -138,7 +140,9 @@ class PreemptionCallback(pl.Callback):
     step's end, where the ranks agree, so that all of them save at the same step.
 
     ``store`` (else ``$RESTOREPOINT_STORE`` when ``run`` or ``config`` names the run),
-    ``run``/``config``, ``operational``, ``keep_last`` and ``pack_options`` (the fields of
+    ``run``/``config``, ``operational``, ``keep_last``, ``keep_best`` with ``metric`` and
+    ``mode`` (by default the monitoring ModelCheckpoint's: each published head records the
+    monitored value, spec 4.3) and ``pack_options`` (the fields of
     ``PackOptions``: ``level``, ``storage_options``, ``sign``, ...) configure the restore
     point published after each save. ``events`` records what each signal did (``saved``,
     ``save_failed``, ``packed``, ``pack_failed``, ``stopped``)."""
@@ -154,6 +158,9 @@ class PreemptionCallback(pl.Callback):
         config: Mapping[str, Any] | None = None,
         operational: Sequence[str] = (),
         keep_last: int | None = None,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: str | None = None,
         cache_keys: Mapping[str, str] | None = None,
         cache_root: str | None = None,
         terms: Mapping[str, str] | None = None,
@@ -169,6 +176,11 @@ class PreemptionCallback(pl.Callback):
         # The head's identity part is the local view a resume compares with.
         self.view = local_view(config, cache_keys, cache_root, terms)
         self.keep_last = keep_last
+        # Retention by metric: the metric (and mode) default to the monitoring
+        # ModelCheckpoint's, known at setup; given here, they are checked here.
+        self._best = best_options(keep_best, metric, mode)
+        self.metric = self._best[1]
+        self.keep_best: KeepBest | None = None
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:
@@ -196,6 +208,7 @@ class PreemptionCallback(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._trainer = trainer
+            self.keep_best = keep_best_for(trainer, *self._best)
             self._install(trainer)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -454,7 +467,7 @@ class PreemptionCallback(pl.Callback):
                 return False
             self._record("saved", step=step, epoch=epoch, path=str(self.dirpath / LAST))
             if self.store is not None and trainer.is_global_zero:
-                self._pack(step, epoch)
+                self._pack(step, epoch, monitored(trainer, self.metric))
             return True
         finally:
             self._busy = False
@@ -484,10 +497,11 @@ class PreemptionCallback(pl.Callback):
             os.replace(partial, final)
             fsync_dir(self.dirpath)
 
-    def _pack(self, step: int, epoch: int) -> None:
+    def _pack(self, step: int, epoch: int, metrics: Mapping[str, float] | None = None) -> None:
         head = HeadSpec.from_view(
-            self.view, Position(step, epoch), operational_keys=self.operational, run=self.run
-        )
+            self.view, Position(step, epoch), operational_keys=self.operational, run=self.run,
+            metrics=metrics,
+        )  # fmt: skip
         try:
             result = publish(
                 self.dirpath,
@@ -496,6 +510,7 @@ class PreemptionCallback(pl.Callback):
                 self.options,
                 include=[LAST],
                 keep_last=self.keep_last,
+                keep_best=self.keep_best,
             )
             # Read back end to end before it counts as published; the prune after the publish
             # verifies the run's newest in full, and then it is not read a second time.

@@ -14,6 +14,8 @@ __all__ = [
     "MAX_INDEX_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_JSON_VALUES",
+    "MAX_METRICS",
+    "MAX_METRIC_NAME_BYTES",
     "MAX_PATH_BYTES",
     "MAX_PATH_DEPTH",
     "MAX_SAFE_INTEGER",
@@ -44,6 +46,11 @@ MAX_JSON_DEPTH = 64
 #: bounded by this, not by the document's size. The reference writer's largest index (MAX_ENTRIES
 #: entries of 9 values, and 4 more) is 900,004 values; this is twice that and more.
 MAX_JSON_VALUES = 1 << 21
+#: Metrics one head may record (the head member ``metrics``): names are 1 to
+#: MAX_METRIC_NAME_BYTES ASCII characters. Metrics steer retention, never acceptance; the bounds
+#: keep a hostile head from making a prune hold or print more than a small table.
+MAX_METRICS = 64
+MAX_METRIC_NAME_BYTES = 64
 #: Every integer of the format is at most 2**53 - 1: the largest that RFC 8785 (I-JSON) and
 #: every JSON reader represent exactly. Sizes, offsets and their sums are checked against it.
 MAX_SAFE_INTEGER = (1 << 53) - 1

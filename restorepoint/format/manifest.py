@@ -18,6 +18,7 @@ from .codecs import PLANES_FEATURE, Codec, codec_from_dict
 from .identity import check_operational_key, config_identity
 from .layout import FORMAT_VERSION
 from .limits import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN, MAX_ENTRIES, MAX_SAFE_INTEGER
+from .metrics import check_metrics
 from .paths import check_paths
 
 __all__ = [
@@ -270,6 +271,8 @@ class Manifest:
     #: A commit's parts, or a part's commit (both None for a single-object restore point).
     parts: Parts | None = None
     part: PartOf | None = None
+    #: Named finite numbers for retention by metric (spec 4.3); empty: the member is absent.
+    metrics: Mapping[str, int | float] = field(default_factory=dict)
     payload: tuple[Entry, ...] | None = None
 
     # -- views -------------------------------------------------------------------------------
@@ -316,6 +319,7 @@ class Manifest:
             "trainer": self.trainer.to_dict() if self.trainer is not None else None,
             **({"parts": self.parts.to_dict()} if self.parts is not None else {}),
             **({"part": self.part.to_dict()} if self.part is not None else {}),
+            **({"metrics": dict(self.metrics)} if self.metrics else {}),
         }
 
     def index_dict(self, head_sha256: str) -> dict[str, Any]:
@@ -425,6 +429,8 @@ class Manifest:
                 "run must be 1 to 64 letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit"
             )
+        # Absent means none; present, it is checked whole (hostile data, spec 4.3).
+        metrics = check_metrics(obj["metrics"]) if "metrics" in obj else {}
         return cls(
             id=rp_id,
             created=created,
@@ -447,6 +453,7 @@ class Manifest:
             format_version=version,
             parts=parts,
             part=part,
+            metrics=metrics,
         )
 
     def payload_from_index_dict(self, data: Any, head_sha256: str) -> Manifest:

@@ -17,7 +17,7 @@ from .gate import (
 from .pack import DEFAULT_LEVEL, PackResult, describe, pack, pack_spec
 from .publish import PublishResult, publish
 from .spec import HeadSpec, PackOptions
-from .store import PruneReport, StoreEntry, latest, list_store, prune
+from .store import KeepBest, PruneReport, StoreEntry, latest, list_store, prune
 from .unpack import ImportResult, import_restore_point
 from .verify import VerifyReport, read_head_of, read_manifest, verify
 
@@ -27,6 +27,7 @@ __all__ = [
     "Expectations",
     "HeadSpec",
     "ImportResult",
+    "KeepBest",
     "Mismatch",
     "PackOptions",
     "PackResult",

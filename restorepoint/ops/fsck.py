@@ -27,8 +27,9 @@ from typing import Any
 from ..errors import IntegrityError, NotFound, at_url
 from ..storage import Location, ObjectInfo, parse_partial
 from ._multipart import PARTS_SUFFIX, parts_prefix
-from ._naming import NAME_PATTERN
+from ._naming import NAME_PATTERN, RUN_PATTERN
 from ._open import NO_TRUST, Trust
+from .resumed import is_marker_name
 from .store import DEFAULT_GRACE_S, _leftovers, _parse, _same, _store, parse_duration
 from .verify import verify
 
@@ -215,6 +216,11 @@ def _pending_or_not(finding: Finding, removable: bool) -> Finding:
     )
 
 
+def _is_marker(name: str) -> bool:
+    run, _, leaf = name.partition("/")
+    return "/" not in leaf and is_marker_name(leaf) and RUN_PATTERN.fullmatch(run) is not None
+
+
 def _classify(  # noqa: PLR0913, PLR0917 - one listed object, and what decides its class
     location: Location,
     info: ObjectInfo,
@@ -238,6 +244,8 @@ def _classify(  # noqa: PLR0913, PLR0917 - one listed object, and what decides i
         return False
     if _parse(info) is not None:
         return True
+    if _is_marker(info.name):
+        return False  # a live run's resume marker (spec 19.9): prune reads it, nothing removes it
     if _part_of(info.name) is None:
         report.findings.append(Finding("stray", info.name, url, "not a restore point"))
     return False

@@ -132,6 +132,7 @@ def pack(  # noqa: PLR0913 - public API: every head field and pack option as a k
     encrypt_to: Sequence[PublicKey] = (),
     include: Sequence[str] | None = None,
     object_sha256: bool = False,
+    metrics: Mapping[str, float] | None = None,
 ) -> PackResult:
     """Pack ``source`` (a directory or one file) into a restore point published at ``dest``.
 
@@ -148,7 +149,8 @@ def pack(  # noqa: PLR0913 - public API: every head field and pack option as a k
     ``zstd`` or ``none``. ``level`` is the zstd level of what is compressed whole (``None`` or 0
     store the payload uncompressed). ``object_sha256`` also hashes the whole object (a second
     pass over its bytes) for ``PackResult.sha256``. ``progress`` is called with each number of
-    source bytes read; ``on_start`` once with the total."""
+    source bytes read; ``on_start`` once with the total. ``metrics`` (name to finite number)
+    are recorded in the head for retention by metric (spec 4.3, 19.5)."""
     spec = HeadSpec(
         position=position,
         trainer=trainer,
@@ -160,6 +162,7 @@ def pack(  # noqa: PLR0913 - public API: every head field and pack option as a k
         run=run,
         created=created,
         rp_id=rp_id,
+        metrics=dict(metrics or {}),
     )
     options = PackOptions(
         level=level,

@@ -32,7 +32,7 @@ from ._naming import entry_name
 from .pack import pack_spec
 from .publish import PublishResult, publish
 from .spec import HeadSpec, PackOptions, created_now
-from .store import _store
+from .store import KeepBest, _store
 from .verify import verify
 
 __all__ = [
@@ -149,6 +149,7 @@ def publish_commit(  # noqa: PLR0913 - the commit's store, head, plan, parts and
     options: PackOptions = PackOptions(),
     *,
     keep_last: int | None = None,
+    keep_best: KeepBest | None = None,
     handoff: str | os.PathLike[str] | None = None,
     parts_verified: bool = False,
 ) -> PublishResult:
@@ -168,6 +169,7 @@ def publish_commit(  # noqa: PLR0913 - the commit's store, head, plan, parts and
             commit,
             options,
             keep_last=keep_last,
+            keep_best=keep_best,
             handoff=handoff,
             parts_verified=parts_verified,
         )

@@ -28,7 +28,7 @@ from ._naming import entry_name, is_store_url
 from .gate import handoff_document, write_handoff
 from .pack import PackResult, pack_spec
 from .spec import HeadSpec, PackOptions
-from .store import PruneReport, _store, prune
+from .store import KeepBest, PruneReport, _store, prune
 
 __all__ = ["HeadSpec", "PackOptions", "PublishResult", "publish"]
 
@@ -68,6 +68,7 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     *,
     include: Sequence[str] | None = None,
     keep_last: int | None = None,
+    keep_best: KeepBest | None = None,
     handoff: str | os.PathLike[str] | None = None,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
@@ -80,12 +81,15 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     its newest ``keep_last`` with the new restore point protected (kept whatever the rules
     say). A failed pack raises and prunes nothing; a failed prune is returned in
     ``prune_error``. ``parts_verified``: the new restore point is a commit whose ranks read
-    back and verified their own parts; the prune checks its parts up to the payload only."""
+    back and verified their own parts; the prune checks its parts up to the payload only.
+    ``keep_best`` (a store only): the prune also keeps the run's best by a metric (19.5)."""
     into_store = is_store_url(dest)
     if keep_last is not None and not into_store:
         raise UsageError("--keep-last needs a store DEST (a URL ending in /)")
     if keep_last is not None and keep_last < 1:
         raise UsageError("--keep-last must be at least 1")
+    if keep_best is not None and not into_store:
+        raise UsageError("--keep-best needs a store DEST (a URL ending in /)")
     location = (
         _store(dest, options.storage_options)
         if into_store
@@ -105,7 +109,7 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     # that fails must not hide what was published.
     if handoff is not None:
         write_handoff(Path(handoff), handoff_document(result.manifest, result.url))
-    if keep_last is None:
+    if keep_last is None and keep_best is None:
         return PublishResult(result)
     location = _store(dest, options.storage_options)
     try:
@@ -113,6 +117,7 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
         report = prune(
             location,
             keep_last=keep_last,
+            keep_best=keep_best,
             run=result.manifest.run,
             protect=[name],
             parts_verified=[name] if parts_verified else [],

@@ -32,6 +32,7 @@ from ..format import (
 from ..format.identity import check_operational_key
 from ..format.limits import CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CHUNK_SIZE_MIN
 from ..format.manifest import RUN_PATTERN
+from ..format.metrics import check_metrics
 from ..trust import PublicKey
 from ._config import check_json_data
 from .gate import UNSET, Expectations
@@ -74,6 +75,7 @@ def describe(  # noqa: PLR0912, PLR0913 - one check per head field, as a reader 
     created: str | None = None,
     rp_id: str | None = None,
     run: str | None = None,
+    metrics: Mapping[str, float] | None = None,
 ) -> Manifest:
     """The head of a new restore point, validated exactly as a reader would validate it:
     whatever the caller passes, a bad value is a UsageError here, before anything is written."""
@@ -118,6 +120,10 @@ def describe(  # noqa: PLR0912, PLR0913 - one check per head field, as a reader 
             "starting with a letter or digit"
         )
     check_chunk_size(chunk_size)
+    try:
+        checked = check_metrics(metrics) if metrics else {}
+    except IntegrityError as exc:
+        raise UsageError(f"bad metrics ({exc})") from None
     if created is None:
         now = datetime.now(timezone.utc)
         created = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
@@ -135,6 +141,7 @@ def describe(  # noqa: PLR0912, PLR0913 - one check per head field, as a reader 
         cache_keys=dict(cache_keys or {}),
         cache_root=cache_root,
         run=run,
+        metrics=checked,
     )
     # The reader's own checks (id and time formats, depth, number domain) on the exact bytes.
     try:
@@ -189,6 +196,8 @@ class HeadSpec:
     #: and is written as format 1.1.
     parts: Parts | None = None
     part: PartOf | None = None
+    #: What this restore point measured (spec 4.3): kept by prune --keep-best (19.5).
+    metrics: Mapping[str, float] = field(default_factory=dict)
     #: The head as ``describe`` made it: what every pack of this spec writes (with its own id
     #: and time unless ``rp_id`` and ``created`` fix them).
     manifest: Manifest = field(init=False, repr=False, compare=False)
@@ -207,6 +216,7 @@ class HeadSpec:
             run=self.run,
             created=self.created,
             rp_id=self.rp_id,
+            metrics=self.metrics,
         )
         object.__setattr__(self, "manifest", head)
         object.__setattr__(self, "position", head.position)
@@ -222,6 +232,7 @@ class HeadSpec:
         *,
         operational_keys: Sequence[str] = (),
         run: str | None = None,
+        metrics: Mapping[str, float] | None = None,
     ) -> HeadSpec:
         """The head of a restore point made on the machine ``view`` describes (an adapter's
         local view): what the same view elsewhere must meet. A field the view does not know
@@ -235,11 +246,13 @@ class HeadSpec:
             cache_keys=dict(view.cache_keys) if isinstance(view.cache_keys, Mapping) else {},
             cache_root=view.cache_root if view.cache_root is not UNSET else None,
             run=run,
+            metrics=dict(metrics or {}),
         )
 
-    def at(self, position: Position) -> HeadSpec:
-        """The same identity at another position (each snapshot of a run; a fresh id)."""
-        return replace(self, position=position, created=None, rp_id=None)
+    def at(self, position: Position, metrics: Mapping[str, float] | None = None) -> HeadSpec:
+        """The same identity at another position (each snapshot of a run; a fresh id), with
+        that snapshot's metrics (none unless given: metrics belong to one position)."""
+        return replace(self, position=position, created=None, rp_id=None, metrics=metrics or {})
 
     def head(self) -> Manifest:
         """The head to write: this spec's, with a fresh id and time unless they are fixed."""

@@ -24,16 +24,19 @@ from typing import Any
 
 from ..errors import IntegrityError, NotFound, UsageError, at_url
 from ..format import Manifest
+from ..format.metrics import METRIC_NAME
 from ..storage import Location, ObjectInfo, is_partial_name, parse_partial, resolve
 from ._multipart import PARTS_SUFFIX, parts_prefix
 from ._naming import NAME_PATTERN as _NAME
 from ._naming import RUN_PATTERN as _RUN
 from ._naming import entry_name, is_store_url
 from ._open import NO_TRUST, Trust, open_head
+from .resumed import live_markers
 from .verify import verify
 
 __all__ = [
     "DEFAULT_GRACE_S",
+    "KeepBest",
     "PruneReport",
     "StoreEntry",
     "entry_head",
@@ -243,6 +246,55 @@ def parse_duration(text: str) -> float:
     return total
 
 
+@dataclass(frozen=True)
+class KeepBest:
+    """Retention by metric (spec 19.5): keep the ``k`` restore points of each run whose head
+    records ``metric`` with the lowest (``mode="min"``) or highest (``"max"``) value."""
+
+    k: int
+    metric: str
+    mode: str = "min"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise UsageError("--keep-best must be at least 1")
+        if not isinstance(self.metric, str) or not METRIC_NAME.fullmatch(self.metric):
+            raise UsageError(
+                "--metric must be a metric name: 1 to 64 letters, digits, '.', '_', '/' or '-'"
+            )
+        if self.mode not in ("min", "max"):
+            raise UsageError("--mode must be min or max")
+
+    @classmethod
+    def of(
+        cls, k: int | None, metric: str | None, mode: str | None, option: str = "--metric"
+    ) -> KeepBest | None:
+        """The rule the options give, or None; a metric or mode without a count (or a count
+        without a metric) is a UsageError. ``option``: what the caller calls the metric."""
+        if k is None:
+            if metric is not None or mode is not None:
+                raise UsageError(f"{option} and --mode go with --keep-best")
+            return None
+        if metric is None:
+            raise UsageError(f"--keep-best needs {option} NAME")
+        return cls(k, metric, mode or "min")
+
+    @property
+    def reason(self) -> str:
+        return f"keep-best {self.k} {self.metric} {self.mode}"
+
+    def to_text(self) -> str:
+        """``K METRIC MODE``: how a supervisor hands the rule to its trainer (environment)."""
+        return f"{self.k} {self.metric} {self.mode}"
+
+    @classmethod
+    def from_text(cls, text: str) -> KeepBest:
+        words = text.split(" ")
+        if len(words) != 3 or not words[0].isdigit():
+            raise UsageError(f"not a keep-best rule (K METRIC MODE): {text!r}")
+        return cls(int(words[0]), words[1], words[2])
+
+
 @dataclass
 class RunPlan:
     """What prune decided for one run: each kept restore point with the rules that keep it."""
@@ -292,9 +344,13 @@ def _plan_run(  # noqa: PLR0912, PLR0913 - one run's retention rules, each a bra
     keep_within: float | None,
     verify_entry: Callable[[Location, StoreEntry], None],
     protect: AbstractSet[str] = frozenset(),
+    keep_best: KeepBest | None = None,
+    metric_of: Callable[[Location, StoreEntry], float | None] | None = None,
+    resumed: AbstractSet[str] = frozenset(),
 ) -> RunPlan:
     """Retention for one run, newest first. Protected whatever the rules say: the newest
-    restore point, the newest one that verifies, and everything newer than that one."""
+    restore point, the newest one that verifies, everything newer than that one, and what a
+    live run resumed from."""
     plan = RunPlan(run)
     reasons: dict[str, list[str]] = {e.name: [] for e in entries}
     reasons[entries[0].name].append("newest")
@@ -323,9 +379,14 @@ def _plan_run(  # noqa: PLR0912, PLR0913 - one run's retention rules, each a bra
         for entry in entries:
             if newest - entry.created_at <= keep_within:
                 reasons[entry.name].append("keep-within")
+    if keep_best is not None and metric_of is not None:
+        for entry in _best(location, entries, keep_best, metric_of):
+            reasons[entry.name].append(keep_best.reason)
     for entry in entries:
         if entry.name in protect:
             reasons[entry.name].append("just published")
+        if entry.name in resumed:
+            reasons[entry.name].append("resumed from by a live run")
     for entry in entries:
         if reasons[entry.name]:
             plan.keep.append((entry, reasons[entry.name]))
@@ -336,12 +397,44 @@ def _plan_run(  # noqa: PLR0912, PLR0913 - one run's retention rules, each a bra
     return plan
 
 
+def _best(
+    location: Location,
+    entries: list[StoreEntry],
+    rule: KeepBest,
+    metric_of: Callable[[Location, StoreEntry], float | None],
+) -> list[StoreEntry]:
+    """The ``rule.k`` best restore points of a run by ``rule.metric``; one whose head does not
+    record it (or cannot be read) is never among them. Ties go to the newer."""
+    scored = []
+    for order, entry in enumerate(entries):  # newest first
+        value = metric_of(location.join(entry.name), entry)
+        if value is not None:
+            scored.append((value if rule.mode == "min" else -value, order, entry))
+    scored.sort(key=lambda item: (item[0], item[1]))
+    return [entry for _, _, entry in scored[: rule.k]]
+
+
+def _metric(rule: KeepBest, trust: Trust) -> Callable[[Location, StoreEntry], float | None]:
+    def metric_of(location: Location, entry: StoreEntry) -> float | None:
+        try:
+            head = entry_head(location, entry, trust)
+        except (IntegrityError, NotFound):
+            return None  # not a sound head of this run (or gone since the listing): never best
+        value = head.metrics.get(rule.metric)
+        return None if value is None else float(value)
+
+    return metric_of
+
+
 def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
     store: str | Location,
     *,
     keep_last: int | None = None,
     keep_every: int | None = None,
     keep_within: str | float | None = None,
+    keep_best: int | KeepBest | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
     run: str | None = None,
     dry_run: bool = False,
     grace: str | float = DEFAULT_GRACE_S,
@@ -356,9 +449,15 @@ def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
     deleted; ``protect`` adds store names that are kept whatever the rules say (pack protects
     the restore point it has just published, even when an older run step sorts above it).
     ``parts_verified``: commits just published whose parts' payloads their own ranks read back
-    and verified; their parts are checked here up to the payload only (spec 25.5)."""
-    if keep_last is None and keep_every is None and keep_within is None:
-        raise UsageError("prune needs a rule: --keep-last, --keep-every or --keep-within")
+    and verified; their parts are checked here up to the payload only (spec 25.5).
+    ``keep_best`` with ``metric`` and ``mode`` (min, the default, or max), or a KeepBest: also
+    keep the best restore points by a metric their heads record. What a live run resumed from
+    (a resume marker, spec 19.9) is kept whatever the rules say."""
+    best = keep_best if isinstance(keep_best, KeepBest) else KeepBest.of(keep_best, metric, mode)
+    if keep_last is None and keep_every is None and keep_within is None and best is None:
+        raise UsageError(
+            "prune needs a rule: --keep-last, --keep-every, --keep-within or --keep-best"
+        )
     if keep_last is not None and keep_last < 1:
         raise UsageError("--keep-last must be at least 1")
     if keep_every is not None and keep_every < 1:
@@ -367,8 +466,18 @@ def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
     grace_s = parse_duration(grace) if isinstance(grace, str) else float(grace)
     location = _store(store, storage_options)
     by_ranks = frozenset(parts_verified)
+    clock = now if now is not None else time.time()
     with at_url(location.url):
         runs = _by_run(list_store(location, run=run))
+        scope = location.join(run) if run is not None else location
+        resumed = live_markers(
+            location,
+            (
+                ObjectInfo(f"{run}/{i.name}" if run is not None else i.name, i.url, i.size, None)
+                for i in scope.list_objects()
+            ),
+            clock,
+        )
         plans = [
             _plan_run(
                 location,
@@ -381,6 +490,9 @@ def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
                     loc, entry, trust, part_payloads=entry.name not in by_ranks
                 ),
                 protect=set(protect),
+                keep_best=best,
+                metric_of=_metric(best, trust) if best is not None else None,
+                resumed=resumed,
             )
             for name, entries in sorted(runs.items())
         ]
@@ -394,9 +506,7 @@ def prune(  # noqa: PLR0913 - public API: the retention rules as keywords
                     deleted.append(entry.url)
                     for info in location.join(parts_prefix(entry.name)).list_objects():
                         location.join(f"{parts_prefix(entry.name)}/{info.name}").delete()
-        leftovers = _leftovers(
-            location, run, grace_s, now if now is not None else time.time(), dry_run
-        )
+        leftovers = _leftovers(location, run, grace_s, clock, dry_run)
     return PruneReport(location.url, dry_run, plans, deleted, leftovers)
 
 

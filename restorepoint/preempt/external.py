@@ -39,7 +39,7 @@ from ..adapters.base import Snapshot
 from ..errors import RestorePointError
 from ..ops import verify
 from ..ops.publish import HeadSpec, PackOptions, PublishResult, publish
-from ..ops.store import entry_name
+from ..ops.store import KeepBest, entry_name
 from ..runtime.contract import RunDirectory
 from ..runtime.worker import SnapshotWorker
 from .telemetry import Telemetry
@@ -66,6 +66,7 @@ class ExternalLoop:
         *,
         keep_last: int | None = 1,
         keep_local: int | None = 1,
+        keep_best: KeepBest | None = None,
     ) -> None:
         self.adapter = adapter
         self.workdir = workdir
@@ -75,6 +76,7 @@ class ExternalLoop:
         self.telemetry = telemetry
         self.keep_last = keep_last
         self.keep_local = keep_local
+        self.keep_best = keep_best
         self.directory = RunDirectory(workdir)
         self.trainer: TrainerProcess | None = None
         #: every snapshot published, oldest first
@@ -226,6 +228,7 @@ class ExternalLoop:
                 self.options,
                 include=snap.files,
                 keep_last=self.keep_last,
+                keep_best=self.keep_best,
             )
             self._verify(result)
         except RestorePointError as exc:

@@ -17,6 +17,8 @@ from ..adapters.base import Adapter
 from ..errors import IncompatibleRestorePoint, RestorePointError
 from ..ops.gate import Expectations
 from ..ops.resume import choose, resume_import, write_head_file
+from ..ops.resumed import DEFAULT_LEASE_S, ResumeMarker
+from ..ops.store import _store, list_store
 from ..runtime.contract import (
     REFUSED_FILE,
     RESUME_DIR_ENV,
@@ -52,6 +54,8 @@ class ResumeSteps:
     _ready_dir: Path | None
     _pending_resume: dict[str, Any] | None
     _resume_checked: float
+    _marker: ResumeMarker | None
+    _marker_renewed: float
 
     def ready(self) -> list[Ready]:
         raise NotImplementedError
@@ -113,6 +117,7 @@ class ResumeSteps:
             self._pending_resume = resumed
         else:
             self.telemetry.count("resumes", **resumed)
+        self._mark(url)
         head = self._ready_dir / "resume.head.json"
         write_head_file(result.manifest, head)
         env[RESUME_DIR_ENV] = str(dest)
@@ -123,6 +128,41 @@ class ResumeSteps:
             # Lightning job's resume_checkpoint, a ResumableRun): its command stays as given.
             command = self.adapter.resume_command(dest, result.manifest, command)
         return command
+
+    def _mark(self, url: str) -> None:
+        """A resume from an older restore point of the supervisor's own store than its run's
+        newest (an older branch) is marked (spec 19.9) while the supervisor (and so the run)
+        lives; the newest, or one from elsewhere, needs no marker."""
+        location = _store(self.store, self.storage_options)
+        name = url.removeprefix(location.url) if url.startswith(location.url) else ""
+        try:
+            marker = ResumeMarker(location, name)
+            newest = list_store(location, run=name.partition("/")[0])
+            if newest and newest[0].name == name:
+                return  # the run's newest: every prune keeps it, and a requeue resumes from it
+            marker.renew()
+        except ValueError:
+            return  # not a store name of this store
+        except RestorePointError as exc:
+            log.warning("could not write a resume marker for %s: %s", url, exc)
+            return
+        self._marker, self._marker_renewed = marker, time.monotonic()
+
+    def _renew_marker(self) -> None:
+        """Renewed four times a lease, from the supervisor's loop: the trainer's publishes are
+        not the supervisor's to see."""
+        if self._marker is None or time.monotonic() - self._marker_renewed < DEFAULT_LEASE_S / 4:
+            return
+        self._marker_renewed = time.monotonic()
+        try:
+            self._marker.renew()
+        except RestorePointError as exc:
+            log.warning("could not renew the resume marker %s: %s", self._marker.url, exc)
+
+    def _release_marker(self) -> None:
+        if self._marker is not None:
+            self._marker.release()
+            self._marker = None
 
     def _record_refusal(self, exc: RestorePointError) -> None:
         fields = [str(m.get("field", "")) for m in getattr(exc, "mismatches", ())]
@@ -145,6 +185,7 @@ class ResumeSteps:
     def _check_resumed(self) -> None:
         """A trainer that gates itself has accepted the import once its run directory records
         the ``resumed`` event (looked at once a second)."""
+        self._renew_marker()
         if self._pending_resume is None or time.monotonic() - self._resume_checked < 1.0:
             return
         self._resume_checked = time.monotonic()

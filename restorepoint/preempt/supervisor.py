@@ -49,9 +49,11 @@ from ..errors import RestorePointError, UsageError
 from ..ops import list_store
 from ..ops.gate import Expectations
 from ..ops.publish import HeadSpec, PackOptions
+from ..ops.store import KeepBest
 from ..runtime.contract import (
     EXIT_INCOMPATIBLE,
     EXIT_RESUMABLE,
+    KEEP_BEST_ENV,
     READY_ENV,
     RESUME_DIR_ENV,
     SIGNING_KEY_ENV,
@@ -131,6 +133,9 @@ class Supervisor(ResumeSteps):
     head: HeadSpec | None = None
     keep_last: int | None = 1
     keep_local: int | None = 1
+    #: retention by metric, for the supervisor's publishes and handed to the trainer
+    #: (``KEEP_BEST_ENV``) for its own
+    keep_best: KeepBest | None = None
     #: seconds from the SIGTERM that stops the trainer to a SIGKILL (``--kill-after``)
     kill_after_s: float = DEFAULT_KILL_AFTER
 
@@ -165,6 +170,8 @@ class Supervisor(ResumeSteps):
         # once it did (its ``resumed`` event, or an exit other than 3), never before a refusal.
         self._pending_resume: dict[str, Any] | None = None
         self._resume_checked = 0.0
+        self._marker = None
+        self._marker_renewed = 0.0
         # The spot-queue loop around an external trainer (made by run_trainer).
         self._loop: ExternalLoop | None = None
 
@@ -478,7 +485,7 @@ class Supervisor(ResumeSteps):
         )
         return ExternalLoop(
             self.adapter, self.workdir, self.store, head, options, self.telemetry,
-            keep_last=self.keep_last, keep_local=self.keep_local,
+            keep_last=self.keep_last, keep_local=self.keep_local, keep_best=self.keep_best,
         )  # fmt: skip
 
     # -- main ------------------------------------------------------------------------------
@@ -488,6 +495,7 @@ class Supervisor(ResumeSteps):
         ready_dir = self._ready_dir = Path(tempfile.mkdtemp(prefix="restorepoint-ready-"))
         env[READY_ENV] = str(ready_dir)
         env[STORE_ENV] = self.store
+        env.update({KEEP_BEST_ENV: self.keep_best.to_text()} if self.keep_best else {})
         if self.signing_key is not None:
             env[SIGNING_KEY_ENV] = self.signing_key
         previous: dict[signal.Signals, Any] = {}
@@ -520,6 +528,7 @@ class Supervisor(ResumeSteps):
                     self._proc.wait()
             raise
         finally:
+            self._release_marker()
             if self.watcher is not None:
                 self.watcher.stop()
             for signum, handler in previous.items():

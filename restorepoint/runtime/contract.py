@@ -47,6 +47,7 @@ __all__ = [
     "EXIT_INCOMPATIBLE",
     "EXIT_RESUMABLE",
     "IDENTITY_FILE",
+    "KEEP_BEST_ENV",
     "MAX_RESUBMITS_ENV",
     "POSITION_FILE",
     "READY_ENV",
@@ -86,6 +87,9 @@ EXIT_INCOMPATIBLE = 3
 READY_ENV = "RESTOREPOINT_READY_DIR"
 #: The store a supervisor publishes to, handed to a trainer that publishes itself.
 STORE_ENV = "RESTOREPOINT_STORE"
+#: A supervisor's retention by metric (``run --keep-best K --metric NAME --mode MODE``), as
+#: ``K NAME MODE``: a ResumableRun or a PreemptionCallback given none of its own prunes by it.
+KEEP_BEST_ENV = "RESTOREPOINT_KEEP_BEST"
 #: A restore point the supervisor imported for the trainer: the payload directory ...
 RESUME_DIR_ENV = "RESTOREPOINT_RESUME_DIR"
 #: ... and its head, which a trainer that gates itself compares with its own local view.

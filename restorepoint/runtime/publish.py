@@ -36,6 +36,8 @@ from ..errors import RestorePointError
 from ..format import PartRef, Position
 from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.resumed import ResumeMarker
+from ..ops.store import KeepBest
 from .contract import POSITION_FILE, RunDirectory
 from .state import remove_other_shared, save_state, shared_file, split_shared, state_digest
 from .worker import Snapshot
@@ -93,13 +95,18 @@ class Publisher:
         rank: int,
         world: int,
         group: Any,
-        head: Callable[[Position], HeadSpec],
+        head: Callable[[Position, Mapping[str, float]], HeadSpec],
         event: Callable[..., None],
+        keep_best: KeepBest | None = None,
     ) -> None:
         self.directory = directory
         self.store = store
         self.options = options
         self.keep_last = keep_last
+        self.keep_best = keep_best
+        #: The marker of the store's restore point this run resumed from (spec 19.9), renewed
+        #: at each publish; None when it resumed from none (or is not rank 0).
+        self.marker: ResumeMarker | None = None
         self.rank = rank
         self.world = world
         self.group = group
@@ -113,6 +120,21 @@ class Publisher:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def prunes(self) -> bool:
+        """Whether each publish prunes the run (keep-last or keep-best)."""
+        return self.keep_last is not None or self.keep_best is not None
+
+    def renew_marker(self) -> None:
+        """Renew the resume marker's lease (after a publish): a failure only warns, and the
+        marker then protects until its lease ends."""
+        if self.marker is None:
+            return
+        try:
+            self.marker.renew()
+        except RestorePointError as exc:
+            log.warning("could not renew the resume marker %s: %s", self.marker.url, exc)
 
     def rank_file(self) -> str:
         return rank_file(self.rank, self.world)
@@ -188,9 +210,10 @@ class Publisher:
             result = publish(
                 self.directory.checkpoints,
                 self.store or "",
-                self.head(snap.position),
+                self.head(snap.position, snap.metrics),
                 self.options,
                 keep_last=self.keep_last,
+                keep_best=self.keep_best,
             )
         except RestorePointError as exc:
             self.uploads.append({"ok": False, "step": step, "error": str(exc)})
@@ -200,6 +223,7 @@ class Publisher:
             return
         seconds = time.perf_counter() - started
         self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
+        self.renew_marker()
         self.event("uploaded", step=step, seconds=round(seconds, 6), bytes=result.pack.size)
         if result.prune_error is not None:
             self.event(
@@ -279,7 +303,7 @@ class Publisher:
     ) -> tuple[PartRef | None, PartRef | None]:
         """This rank's part; on rank 0 also the shared part (the shared state and the
         position), or the position in its own part when nothing is shared."""
-        head = self.head(snap.position)
+        head = self.head(snap.position, snap.metrics)
         mine, shared = own, None
         if self.is_main:
             if common:
@@ -298,7 +322,7 @@ class Publisher:
                 include=include,
                 # With a prune after the commit, each rank reads its own part back, so that
                 # the prune need not read every rank's bytes on rank 0 (spec 25.5).
-                verify_it=self.keep_last is not None,
+                verify_it=self.prunes,
             )
 
         return part(mine, self.rank), part(shared, None) if shared else None
@@ -309,12 +333,13 @@ class Publisher:
         try:
             result = publish_commit(
                 self.store or "",
-                self.head(snap.position),
+                self.head(snap.position, snap.metrics),
                 plan,
                 parts,
                 self.options,
                 keep_last=self.keep_last,
-                parts_verified=self.keep_last is not None and not self.options.encrypt_to,
+                keep_best=self.keep_best,
+                parts_verified=self.prunes and not self.options.encrypt_to,
             )
         except RestorePointError as exc:
             self.uploads.append({"ok": False, "step": step, "error": str(exc)})
@@ -322,4 +347,5 @@ class Publisher:
             return
         seconds = time.perf_counter() - started
         self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
+        self.renew_marker()
         self.event("uploaded", step=step, seconds=round(seconds, 6), parts=len(parts))

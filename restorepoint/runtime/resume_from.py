@@ -5,6 +5,7 @@ refusal names the restore point by its URL, never by a private directory."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,12 +14,16 @@ from ..errors import NotFound, RestorePointError
 from ..ops import Expectations, latest
 from ..ops.gate import decide, refuse
 from ..ops.resume import choose, read_head_file, resume_import
+from ..ops.resumed import ResumeMarker
+from ..ops.store import _store
 from .contract import RESUME_DIR_ENV, RESUME_HEAD_ENV, RESUME_URL_ENV
 
 if TYPE_CHECKING:
     from .run import ResumableRun
 
-__all__ = ["RUNTIME_HINTS", "display", "gate_handed", "handed", "store_snapshot"]
+__all__ = ["RUNTIME_HINTS", "display", "gate_handed", "handed", "mark", "store_snapshot"]
+
+log = logging.getLogger("restorepoint.torch")
 
 #: What a refusal says to give, in the runtime's words.
 RUNTIME_HINTS = {
@@ -107,4 +112,20 @@ def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str] | Non
             # place whole, so one that is there is the winner's.
             if not dest.exists():
                 raise
+    if run.is_main and (newest is None or entry.name != newest.name):
+        mark(run, entry.name)
     return dest / run.publisher.rank_file(), "store"
+
+
+def mark(run: ResumableRun, name: str) -> None:
+    """Write the resume marker of the store's restore point ``name``, an older one than the
+    run's newest (spec 19.9; the newest needs none): prune keeps it while this run lives (the
+    publisher renews the lease at each publish; the run removes the marker when it ends). A
+    store that refuses the marker only costs the protection."""
+    try:
+        marker = ResumeMarker(_store(run.store or "", run.options.storage_options), name)
+        marker.renew()
+    except RestorePointError as exc:
+        log.warning("could not write a resume marker for %s: %s", name, exc)
+        return
+    run.publisher.marker = marker

@@ -54,14 +54,17 @@ import torch
 from .._posix import atomic_write, signal_number
 from .._text import plural, printable
 from .._version import __version__
-from ..errors import IncompatibleRestorePoint, RestorePointError, UsageError
+from ..errors import IncompatibleRestorePoint, IntegrityError, RestorePointError, UsageError
 from ..format import Position, Trainer, config_identity, diff_configs
+from ..format.metrics import check_metrics
 from ..ops import Expectations, check_json_data, load_config
 from ..ops.local_view import cache_root_from_env
 from ..ops.publish import HeadSpec, PackOptions
+from ..ops.store import KeepBest
 from ..trust import Trust, load_signing_key
 from .contract import (
     EXIT_RESUMABLE,
+    KEEP_BEST_ENV,
     POSITION_FILE,
     READY_ENV,
     REFUSED_FILE,
@@ -114,6 +117,9 @@ class ResumableRun:
         stop_signals: Sequence[int | str] | None = None,
         max_resubmit_attempts: int | None = None,
         keep_last: int | None = None,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: str | None = None,
         final_snapshot: bool | None = None,
         upload_timeout: float = 300.0,
         background_threads: int = 1,
@@ -154,6 +160,12 @@ class ResumableRun:
             max_resubmit_attempts if max_resubmit_attempts is not None else max_resubmits_from_env()
         )
         self.keep_last = keep_last
+        #: Retention by metric at each publish (spec 19.5), beside keep_last.
+        self.keep_best = KeepBest.of(keep_best, metric, mode, "metric=")
+        if self.keep_best is None and os.environ.get(KEEP_BEST_ENV):
+            self.keep_best = KeepBest.from_text(os.environ[KEEP_BEST_ENV])
+        # What commit(metrics=...) gave since the last snapshot: the next snapshot records it.
+        self._metrics: dict[str, float] = {}
         #: Snapshot (and publish) the state at completion: on by default with a store.
         self.final_snapshot = self.store is not None if final_snapshot is None else final_snapshot
         self.upload_timeout = upload_timeout
@@ -207,6 +219,7 @@ class ResumableRun:
             group=self._group,
             head=self._head,
             event=self._event,
+            keep_best=self.keep_best,
         )
         #: Each publish's outcome, newest last (rank 0 with a process group).
         self.uploads = self.publisher.uploads
@@ -268,10 +281,11 @@ class ResumableRun:
         assert isinstance(self._view.terms, Mapping)
         return dict(self._view.terms)
 
-    def _head(self, position: Position) -> HeadSpec:
+    def _head(self, position: Position, metrics: Mapping[str, float]) -> HeadSpec:
         return HeadSpec.from_view(
-            self._view, position, operational_keys=self.operational, run=self.run_id
-        )
+            self._view, position, operational_keys=self.operational, run=self.run_id,
+            metrics=metrics,
+        )  # fmt: skip
 
     @property
     def snapshot_signal(self) -> int:
@@ -385,6 +399,8 @@ class ResumableRun:
             self._finish_uploads()
         finally:
             self.flags.restore()
+            if self.publisher.marker is not None:
+                self.publisher.marker.release()
         if exc is not None and exc is self._refused and os.environ.get(READY_ENV):
             self._write_status("failed", error=f"{type(exc).__name__}: {exc}")
             self._report_refusal(self._refused)
@@ -679,9 +695,17 @@ class ResumableRun:
 
     effective_batches = staticmethod(effective_batches)
 
-    def commit(self) -> None:
+    def commit(self, metrics: Mapping[str, float] | None = None) -> None:
         """One effective batch is done: count it, snapshot when due, and act on signals (a
-        stop request snapshots, waits for the upload within ``upload_timeout``, and exits 42)."""
+        stop request snapshots, waits for the upload within ``upload_timeout``, and exits 42).
+        ``metrics`` (name to finite number, e.g. a validation loss) are recorded in the head of
+        the next snapshot, for ``keep_best`` (spec 4.3, 19.5); a snapshot takes them once."""
+        if metrics:
+            try:
+                self._metrics = {**self._metrics, **check_metrics(metrics)}
+                check_metrics(self._metrics)
+            except IntegrityError as exc:
+                raise UsageError(f"bad metrics ({exc})") from None
         self.step += 1
         self.batch += 1
         snapshot, stop = self._agree()
@@ -727,7 +751,8 @@ class ResumableRun:
             "run": self.run_id,
             "world_size": self._world,
         }
-        snap = Snapshot(state, self.position)
+        snap = Snapshot(state, self.position, self._metrics)
+        self._metrics = {}
         if self._world > 1:
             # Every rank's worker saves and publishes its part of each snapshot in the same
             # order, agreeing with the others on its worker's own group (spec 25): none is

@@ -14,8 +14,8 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from ..format import Position
@@ -31,6 +31,8 @@ class Snapshot:
 
     state: dict[str, Any]
     position: Position
+    #: What the run measured for this snapshot (``commit(metrics=...)``), for the head.
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 class SnapshotWorker(Generic[T]):

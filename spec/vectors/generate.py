@@ -456,6 +456,12 @@ def _valid(v: Vectors) -> None:
         small_files(),
         "Format 1.7 with an unknown optional head field and an unknown optional entry field.",
     )
+    v.valid(
+        "valid-metrics",
+        small(metrics={"accuracy": 0.875, "tokens": 1500, "val_loss": 0.213}),
+        small_files(),
+        "The head records three metrics (spec 4.3): two fractions and an integer.",
+    )
     nested = {
         "données/état.json": b'{"step": 1500}',
         "modèles/编码器/权重.pt": pattern(300),
@@ -732,6 +738,24 @@ def _head(v: Vectors) -> None:
         small(created="2026-01-01T01:00:00.000+01:00"),
     )
     v.broken(
+        "metrics-not-finite",
+        "MalformedManifest",
+        "The metric val_loss is 1e999, a number beyond every finite double (digests recomputed).",
+        _with_metric_text(b"1e999"),
+    )
+    v.broken(
+        "metrics-too-many",
+        "LimitExceeded",
+        "The head records 65 metrics, beyond the limit of 64.",
+        small(metrics={f"m{i:02d}": i for i in range(65)}),
+    )
+    v.broken(
+        "metrics-name-unsafe",
+        "MalformedManifest",
+        "A metric name holds a space and a control character.",
+        small(metrics={"val loss\u001b": 0.5}),
+    )
+    v.broken(
         "chunk-size-not-power-of-two",
         "MalformedManifest",
         "chunk_size is 98304 (3 * 32768), within the range but not a power of two.",
@@ -743,6 +767,15 @@ def _head(v: Vectors) -> None:
         "chunk_size is 32768, a power of two below the minimum 65536.",
         small(chunk_size=32768),
     )
+
+
+def _with_metric_text(text: bytes) -> Parts:
+    """The small restore point with val_loss written as ``text`` in its head's bytes."""
+    parts = small(metrics={"val_loss": 0.25})
+    parts.head_bytes = canonical_dumps(parts.head).replace(
+        b'"val_loss":0.25', b'"val_loss":' + text
+    )
+    return parts
 
 
 def _index(v: Vectors) -> None:

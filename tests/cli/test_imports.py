@@ -221,6 +221,7 @@ def test_shell_completion_completes_verbs_and_options(tmp_path: Path) -> None:
         "--keep-last",
         "--keep-every",
         "--keep-within",
+        "--keep-best",
     }
     # --install-completion writes the user's shell files (here: a scratch home).
     home = tmp_path / "home"

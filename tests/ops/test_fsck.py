@@ -149,6 +149,24 @@ def test_a_clean_store_and_an_empty_one(store: Path, source: Path, tmp_path: Pat
     assert empty.clean and empty.objects == 0
 
 
+def test_a_live_runs_resume_marker_is_neither_a_stray_nor_repaired(
+    store: Path, source: Path
+) -> None:
+    """A resume marker (spec 19.9) beside a run's restore points is the store's own: fsck
+    does not call it a stray, and --repair leaves it where prune reads it."""
+    from restorepoint.ops.resumed import ResumeMarker
+    from restorepoint.storage import resolve
+
+    older = publish(source, store, "a", 1)
+    publish(source, store, "a", 2, at=60)
+    marker = ResumeMarker(resolve(f"{store}/"), entry_name(older.manifest))
+    marker.renew()
+    report = fsck(str(store), repair=True)
+    assert report.clean and report.findings == [] and report.repaired == [], report.findings
+    assert report.objects == 3
+    assert Path(marker.url).exists()
+
+
 def test_a_part_its_commit_does_not_name_is_reported_never_removed(
     store: Path, source: Path, tmp_path: Path
 ) -> None:

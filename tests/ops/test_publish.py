@@ -104,7 +104,12 @@ def test_the_runtime_resumed_from_an_older_restore_point_keeps_what_it_publishes
     assert code == 42, err
     published = [s for s in steps(store, RUN) if s not in (90, older.step)]
     assert len(published) == 1 and older.step < published[0] < 90
-    # The newest (the other branch) and what was just published stay; the older one went.
+    # The newest (the other branch) and what was just published stay; so does the older one
+    # it resumed from, which the supervisor's resume marker protected while the run lived
+    # (spec 19.9). The run has ended: its marker is gone, and the next prune takes it.
+    assert steps(store, RUN) == [90, published[0], older.step]
+    assert not list((tmp_path / "store" / RUN).glob(".resumed-*.json"))
+    restorepoint.prune(store, keep_last=2, run=RUN)
     assert steps(store, RUN) == [90, published[0]]
 
 

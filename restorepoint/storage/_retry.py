@@ -253,7 +253,12 @@ def take_over(protocol: str, fs: Any) -> None:
         async def call_s3(method: str, *args: Any, **kwargs: Any) -> Any:
             return await retry_async(lambda: raw(method, *args, **kwargs), f"S3 {method}")
 
+        from fsspec.asyn import sync_wrapper
+
         fs._call_s3 = call_s3
+        # s3fs's file objects (a multipart upload's parts) call the blocking ``call_s3``,
+        # made from the class's coroutine: point it at ours too.
+        fs.call_s3 = sync_wrapper(call_s3, obj=fs)
         fs._restorepoint_raw_call_s3 = raw
     elif protocol == "gcs" and hasattr(type(fs), "_request"):
         unwrapped = getattr(type(fs)._request, "__wrapped__", None)

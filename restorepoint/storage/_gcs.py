@@ -90,8 +90,7 @@ class _PinnedGCSReader(_FsspecReader):
                 )
         except NotFound as exc:
             raise StorageUnavailable(
-                "the object was replaced while it was read (its generation is gone); "
-                "read it again",
+                "the object was replaced while it was read (its generation is gone); read it again",
                 url=self.url,
             ) from exc
 

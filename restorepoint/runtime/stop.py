@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, NoReturn
 
 from .._text import printable
+from ..storage import set_store_deadline
 from .contract import EXIT_RESUMABLE, leave_stop_marker
 from .signals import signal_name
 
@@ -48,6 +49,8 @@ def stop(run: ResumableRun) -> NoReturn:
     run.snapshot()
     # One upload_timeout for the whole stop: __exit__ waits only for what is left of it.
     run._upload_deadline = time.monotonic() + run.upload_timeout
+    # The store's retries too (storage/_retry.py): no wait past the deadline.
+    set_store_deadline(run._upload_deadline)
     finished = run.wait(run.upload_timeout)
     over = limit is not None and run._resubmits > limit
     run._event(

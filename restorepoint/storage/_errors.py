@@ -45,6 +45,10 @@ _RETRYABLE_NAMES = {
 
 def _unavailable(exc: BaseException) -> bool:
     """A failure that a retry may cure: the network, a timeout, throttling, a server error."""
+    from ._retry import retriable
+
+    if retriable(exc):
+        return True
     names = {cls.__name__ for cls in type(exc).__mro__}
     if names & _RETRYABLE_NAMES or isinstance(exc, (ConnectionError, TimeoutError)):
         return True

@@ -1,13 +1,15 @@
-"""GCS: its credentials, found before gcsfs would look for them the slow way."""
+"""GCS: its credentials, found before gcsfs would look for them the slow way, and reads pinned
+to the generation they opened (spec 15.4)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
-from ..errors import PermissionDenied
-from ._base import Abilities
-from ._fsspec import FsspecLocation
+from ..errors import NotFound, PermissionDenied, StorageUnavailable
+from ._base import Abilities, ObjectReader
+from ._errors import translating
+from ._fsspec import _STREAM_BLOCK, FsspecLocation, RangeStream, _FsspecReader
 
 __all__ = ["GCSLocation", "gcs_credentials"]
 
@@ -55,12 +57,56 @@ def gcs_credentials(url: str, options: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+class _PinnedGCSReader(_FsspecReader):
+    """A GCS object read as the one generation it was when the reader opened it: every range,
+    the payload stream's too, names that generation. An object replaced meanwhile is then
+    either still read whole (a bucket that keeps noncurrent generations) or gone (404), which
+    is StorageUnavailable: a retry reads the new object, whole."""
+
+    def __init__(self, url: str, fs: Any, path: str) -> None:
+        super().__init__(url, fs, path)
+        generation = self.info.get("generation")
+        self._generation = str(generation) if generation else None
+
+    def read_range(self, start: int, end: int) -> bytes:
+        end = min(end, self._size)
+        if end <= start:
+            return b""
+        if self._generation is None:
+            return super().read_range(start, end)
+        from fsspec.asyn import sync
+
+        try:
+            with translating(self.url):
+                return bytes(
+                    sync(
+                        self.fs.loop,
+                        self.fs._cat_file_sequential,
+                        self.path,
+                        start=start,
+                        end=end,
+                        generation=self._generation,
+                    )
+                )
+        except NotFound as exc:
+            raise StorageUnavailable(
+                "the object was replaced while it was read (its generation is gone); read it again",
+                url=self.url,
+            ) from exc
+
+    def open_stream(self, start: int) -> BinaryIO:
+        return RangeStream(self, start, _STREAM_BLOCK)  # type: ignore[return-value]
+
+
 class GCSLocation(FsspecLocation):
     """gs:// (and gcs://) through gcsfs: a resumable upload completed only at the end. gcsfs
     can ask for a create-only upload, but the GCS emulator does not honour it, so nothing here
     declares or relies on it."""
 
-    abilities: ClassVar[Abilities] = Abilities(deferred_commit=True)
+    abilities: ClassVar[Abilities] = Abilities(deferred_commit=True, pinned_reads=True)
+
+    def reader(self) -> ObjectReader:
+        return _PinnedGCSReader(self.url, self.fs, self.path)
 
     @property
     def protocol(self) -> str:

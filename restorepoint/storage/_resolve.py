@@ -12,6 +12,7 @@ from ._errors import missing_extra
 from ._fsspec import FsspecLocation
 from ._gcs import GCSLocation, gcs_credentials
 from ._local import LocalLocation
+from ._retry import store_options, take_over
 from ._s3 import S3Location
 
 __all__ = ["resolve"]
@@ -52,6 +53,8 @@ def resolve(
     options = dict(storage_options or {})
     if protocol == "gcs":
         options = gcs_credentials(url, options)
+    if protocol in ("s3", "gcs"):
+        options = store_options(protocol, options)
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
@@ -59,5 +62,8 @@ def resolve(
     except ValueError as exc:
         raise UsageError(f"{url}: unsupported URL ({exc})") from exc
     fs_protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    backend = _BACKENDS.get(_ALIASES.get(fs_protocol, fs_protocol), FsspecLocation)
+    name = _ALIASES.get(fs_protocol, fs_protocol)
+    backend = _BACKENDS.get(name, FsspecLocation)
+    if backend is not FsspecLocation:
+        take_over(name, fs)
     return backend(url, fs, path)

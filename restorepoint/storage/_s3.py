@@ -10,6 +10,7 @@ from ..errors import StorageUnavailable
 from ._base import Abilities, ObjectReader, PendingUpload, join_url
 from ._errors import translating
 from ._fsspec import _STREAM_BLOCK, FsspecLocation, RangeStream, _FsspecReader
+from ._retry import retry_async
 
 __all__ = ["S3Location"]
 
@@ -33,7 +34,13 @@ class _PinnedS3Reader(_FsspecReader):
             self._pin = {"IfMatch": str(etag)}
 
     async def _get(self, start: int, end: int) -> bytes:
-        response = await self.fs._call_s3(
+        # The request and its body as one try of the retry policy (a reset or a stall mid-body
+        # is retried from the request), not the policy around the request alone.
+        return await retry_async(lambda: self._get_once(start, end), "S3 ranged read")
+
+    async def _get_once(self, start: int, end: int) -> bytes:
+        call = getattr(self.fs, "_restorepoint_raw_call_s3", self.fs._call_s3)
+        response = await call(
             "get_object",
             Bucket=self._bucket,
             Key=self._key,
@@ -66,6 +73,14 @@ class _PinnedS3Reader(_FsspecReader):
 
     def open_stream(self, start: int) -> BinaryIO:
         return RangeStream(self, start, _STREAM_BLOCK)  # type: ignore[return-value]
+
+
+def _call(fs: Any, method: str, **kwargs: Any) -> Any:
+    """One S3 call through the filesystem's ``_call_s3`` (the retry policy's; s3fs's
+    ``call_s3`` would bypass it)."""
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, fs._call_s3, method, **kwargs)
 
 
 def _precondition_failed(exc: BaseException) -> bool:
@@ -105,7 +120,7 @@ class S3Location(FsspecLocation):
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
         with translating(self.url):
             while True:
-                page = self.fs.call_s3("list_multipart_uploads", **kwargs)
+                page = _call(self.fs, "list_multipart_uploads", **kwargs)
                 for up in page.get("Uploads", []) or []:
                     rel = up["Key"][len(prefix) :]
                     initiated = up.get("Initiated")
@@ -127,6 +142,6 @@ class S3Location(FsspecLocation):
         bucket, _, prefix = self.path.partition("/")
         key = (prefix.rstrip("/") + "/" if prefix else "") + upload.name
         with translating(self.url):
-            self.fs.call_s3(
-                "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload.upload_id
+            _call(
+                self.fs, "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload.upload_id
             )

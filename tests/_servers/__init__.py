@@ -1,13 +1,14 @@
 """The real object-store servers the tests use, as a pytest plugin (``-p _servers`` in
 pyproject.toml): moto's S3 server and the fake-gcs-server emulator on 127.0.0.1, their fixtures
-(a server per session and worker, a fresh bucket per test, the environment for a subprocess)
-and the markers ``s3`` and ``gcs``, whose tests are skipped with the reason where a server
-cannot start here."""
+(a server per session and worker, a fresh bucket per test, the environment for a subprocess),
+a fault-injecting proxy in front of each (``faults``), and the markers ``s3`` and ``gcs``,
+whose tests are skipped with the reason where a server cannot start here."""
 
 from __future__ import annotations
 
 import pytest
 
+from .faults import _gcs_proxy, _s3_proxy, gcs_fault_proxy, s3_fault_proxy
 from .gcs import (
     gcs_bucket,
     gcs_env,
@@ -28,15 +29,19 @@ from .s3 import (
 )
 
 __all__ = [
+    "_gcs_proxy",
+    "_s3_proxy",
     "gcs_bucket",
     "gcs_env",
     "gcs_env_factory",
+    "gcs_fault_proxy",
     "gcs_server",
     "gcs_storage_options",
     "s3_bucket",
     "s3_client",
     "s3_env",
     "s3_env_factory",
+    "s3_fault_proxy",
     "s3_options_factory",
     "s3_server",
     "s3_storage_options",

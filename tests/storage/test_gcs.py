@@ -280,3 +280,31 @@ def test_cli_missing_bucket_is_exit_4_one_line(
     else:
         assert line == f"restorepoint: error: {url}: not found"
         assert error["url"] == url
+
+
+def test_a_reader_reads_the_generation_it_opened(
+    gcs_server: Any, gcs_bucket: str, gcs_storage_options: dict[str, Any]
+) -> None:
+    """The object replaced after the reader opened it: the reader's ranges, the stream's too,
+    never return the new object's bytes. The emulator keeps no noncurrent generation in a
+    bucket without versioning, so the old generation is gone: StorageUnavailable, "replaced"
+    (a retry reads the new object whole)."""
+    from restorepoint.errors import StorageUnavailable
+
+    old, new = payload(300_000, seed=1), payload(300_000, seed=2)
+    gcs_server.put(gcs_bucket, "obj.rp", old)
+    reader = resolve(f"gs://{gcs_bucket}/obj.rp", gcs_storage_options).reader()
+    try:
+        assert reader.read_range(0, 1000) == old[:1000]
+        gcs_server.put(gcs_bucket, "obj.rp", new)
+        with pytest.raises(StorageUnavailable, match="replaced"):
+            reader.read_range(1000, 300_000)
+        with pytest.raises(StorageUnavailable, match="replaced"), reader.open_stream(0) as stream:
+            stream.read()
+    finally:
+        reader.close()
+    again = resolve(f"gs://{gcs_bucket}/obj.rp", gcs_storage_options).reader()
+    try:
+        assert again.read_range(0, 300_000) == new
+    finally:
+        again.close()

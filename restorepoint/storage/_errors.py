@@ -26,21 +26,10 @@ EXTRAS = {
     "gcs": ("gcsfs", "gcs"),
 }
 
-_RETRYABLE_NAMES = {
-    # botocore / aiobotocore / aiohttp / requests class names: matched by name so that none of
-    # these optional packages has to be imported to classify its errors.
-    "EndpointConnectionError",
-    "ConnectTimeoutError",
-    "ReadTimeoutError",
-    "ConnectionClosedError",
-    "ClientConnectorError",
-    "ServerDisconnectedError",
-    "ClientOSError",
-    "ClientPayloadError",
-    "ServerTimeoutError",
-    "HttpError",
-    "RetryError",
-}
+#: What the one retry policy (``_retry.retriable``, which owns the transient network errors)
+#: does not retry but the boundary still counts as unavailable: gcsfs's HttpError without a
+#: status, and a RetryError raised once retries are spent.
+_UNAVAILABLE_AFTER_RETRIES = {"HttpError", "RetryError"}
 
 
 def _unavailable(exc: BaseException) -> bool:
@@ -50,7 +39,7 @@ def _unavailable(exc: BaseException) -> bool:
     if retriable(exc):
         return True
     names = {cls.__name__ for cls in type(exc).__mro__}
-    if names & _RETRYABLE_NAMES or isinstance(exc, (ConnectionError, TimeoutError)):
+    if names & _UNAVAILABLE_AFTER_RETRIES or isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     status = getattr(exc, "status", None)  # aiohttp's ClientResponseError
     return isinstance(status, int) and (status == 429 or 500 <= status <= 599)

@@ -138,7 +138,11 @@ class FaultProxy:
     async def _handle(self, request: bytes, kind: str | None, writer: asyncio.StreamWriter) -> None:
         f = self.faults
         if kind in ("error", "throttle"):
-            writer.write(self._refusal(503 if kind == "error" else 429))
+            refusal = self._refusal(503 if kind == "error" else 429)
+            if request.startswith(b"HEAD "):
+                # An answer to HEAD has no body (RFC 9110 9.3.2): aiohttp refuses one.
+                refusal = refusal[: refusal.index(b"\r\n\r\n") + 4]
+            writer.write(refusal)
             await writer.drain()
             return
         if kind == "stall":

@@ -73,7 +73,12 @@ def _walk(root: str) -> list[SourceFile]:
         for name in names:
             full = os.path.join(directory, name)
             rel = os.path.normpath(os.path.join(rel_dir, name))
-            lst = os.lstat(full)
+            try:
+                lst = os.lstat(full)
+            except FileNotFoundError:
+                # Removed since the directory was listed (a trainer's temporary file renamed
+                # into place): it is not part of the source any more.
+                continue
             if stat.S_ISLNK(lst.st_mode):
                 target = os.path.realpath(full)
                 if os.path.commonpath([real_root, target]) != real_root:

@@ -11,6 +11,7 @@ back where the process may raise it (root, or RLIMIT_NICE).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from ..format import Position
+
+log = logging.getLogger("restorepoint")
 
 __all__ = ["Snapshot", "SnapshotWorker"]
 
@@ -109,6 +112,12 @@ class SnapshotWorker(Generic[T]):
                 return
             try:
                 self._handle(snap)
+            except Exception as exc:
+                # A handler that raised anyway (a bug, or an error it did not expect) must not
+                # end the thread: every later snapshot, and every wait on them, would hang.
+                log.error(
+                    "a snapshot's publish failed unexpectedly: %s: %s", type(exc).__name__, exc
+                )
             finally:
                 with self._cv:
                     self._outstanding -= 1

@@ -153,8 +153,11 @@ def demo_command(  # noqa: PLR0915 - the demo's four steps in order, as the READ
             )
             _finish(resumed, "resumed", base / "machine-b.log")
 
-            a = torch.load(base / "reference.pt", weights_only=True)
-            b = torch.load(base / "resumed.pt", weights_only=True)
+            from ..runtime.safe_load import safe_load
+
+            # The trainers' own outputs, but still read through the one weights-only loader.
+            a = safe_load(base / "reference.pt")
+            b = safe_load(base / "resumed.pt")
             same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]) and (
                 _equal_state(a["optimizer"], b["optimizer"], torch)
             )

@@ -82,7 +82,7 @@ from .publish import Publisher, json_line, rank_file
 from .resume_from import RUNTIME_HINTS, display, gate_handed, handed, store_snapshot
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
 from .state import STATE_FORMAT, load_state, read_state, rng_state, set_rng, to_cpu
-from .stop import finish_uploads, stop
+from .stop import end_stop, finish_uploads, stop
 from .worker import Snapshot, SnapshotWorker
 
 __all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
@@ -398,6 +398,7 @@ class ResumableRun:
         try:
             self._finish_uploads()
         finally:
+            end_stop(self)
             self.flags.restore()
             if self.publisher.marker is not None:
                 self.publisher.marker.release()

@@ -32,7 +32,7 @@ from .signals import signal_name
 if TYPE_CHECKING:
     from .run import ResumableRun
 
-__all__ = ["finish_uploads", "stop", "stop_line"]
+__all__ = ["end_stop", "finish_uploads", "stop", "stop_line"]
 
 log = logging.getLogger("restorepoint.torch")
 
@@ -119,3 +119,11 @@ def finish_uploads(run: ResumableRun) -> None:
         run._event("upload_abandoned", step=run.step)
         return
     run.worker.finish(0)
+
+
+def end_stop(run: ResumableRun) -> None:
+    """The store deadline a stop set belongs to that stop: it ends with the run, so that a
+    process that goes on (a test suite, a notebook, a sweep of runs) retries its stores in
+    full again."""
+    if run._upload_deadline is not None:
+        set_store_deadline(None)

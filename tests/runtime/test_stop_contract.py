@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
 from restorepoint.ops import list_store  # noqa: E402
+from restorepoint.storage import deadline_left  # noqa: E402
 from restorepoint.runtime.contract import (  # noqa: E402
     MAX_RESUBMITS_ENV,
     STOP_DIR_ENV,
@@ -79,6 +80,16 @@ def test_a_stop_says_where_its_restore_point_went_and_leaves_its_marker(
     assert out.run is not None
     assert (doc["exit"], doc["step"], doc["rank"], doc["run"]) == (42, 3, 0, out.run.run_id)
     assert stopped_by_contract(stop_dir)
+
+
+def test_the_stops_store_deadline_ends_with_the_run(tmp_path: Path) -> None:
+    """A stop bounds the store's retries by its upload_timeout; once the run has exited, a
+    process that goes on (a sweep, a notebook, this test suite) retries in full again."""
+    assert deadline_left() is None
+    out = tv.train(tmp_path / "runs", store=str(tmp_path / "store") + "/", stop_at=2)
+    assert out.code == 42 and out.run is not None
+    assert out.run._upload_deadline is not None  # the stop set one
+    assert deadline_left() is None  # and it ended with the run
 
 
 def test_sigint_is_a_stop_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

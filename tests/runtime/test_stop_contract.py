@@ -18,13 +18,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
 from restorepoint.ops import list_store  # noqa: E402
-from restorepoint.storage import deadline_left  # noqa: E402
 from restorepoint.runtime.contract import (  # noqa: E402
     MAX_RESUBMITS_ENV,
     STOP_DIR_ENV,
     resumable_exit,
     stopped_by_contract,
 )
+from restorepoint.storage import deadline_left  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 
 from . import _trainer_variants as tv  # noqa: E402

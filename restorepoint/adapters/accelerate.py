@@ -1,0 +1,679 @@
+"""Accelerate: ``accelerator.save_state`` directories as restore points (docs/adapters.md,
+"Accelerate").
+
+    with AccelerateRun(accelerator, "state", store="s3://bucket/runs/", config=cfg) as rp:
+        start = rp.resume()                        # the newest complete state, or None
+        for step in range(start.step if start else 0, total):
+            ...                                    # forward, backward, optimizer.step()
+            if (step + 1) % 100 == 0:
+                rp.publish(step=step + 1)          # save_state, then one restore point
+            if rp.should_stop():                   # a stop signal, on any process
+                rp.stop(step=step + 1)             # publish, the stop line, exit 42
+
+``publish_state`` and ``resume_state`` are the same two calls without the context (and its
+stop handler).
+
+- **Publish**: ``accelerator.save_state(DIR)`` on every process, then the state record
+  (``restorepoint-state.json``: the head with the position, and each file's size and sha256)
+  once every process saved, then the files through the one publish path: ``ops.publish`` for
+  one process; under ``accelerate launch`` with N processes one multi-part restore point
+  (``runtime.sharded.publish_ranks``): each process's ``random_states_R.pkl`` is its part,
+  the rest (weights, optimizer, scheduler, custom checkpoints) the shared part, one commit.
+- **Resume**: the newest complete state directory (``DIR`` or one directly under it: its
+  record there, gated, and its files matching the record), unless the store holds a newer
+  restore point of the run, which is imported through the gated import (each process the
+  shared part and its own). Every pickle Accelerate loads with torch.load (``*.bin``,
+  ``*.pkl``, ``*.pt``, ``*.pth``: optimizer, scheduler, RNG states, custom checkpoints, which
+  Accelerate loads with ``weights_only=False``) passes the allowlist scan (``safe_load``)
+  before ``accelerator.load_state``. A refusal is one line and exit 3 (1 for an unsafe
+  pickle), never a silent fresh start.
+- **Stop**: the runtime's signal flags (SIGTERM, SIGINT, ``$SUBMITIT_PREEMPT_SIGNAL`` or
+  SIGUSR2); ``should_stop()`` agrees across processes at a step boundary, ``stop()`` publishes
+  (the store's retries bounded by ``upload_timeout``), prints the runtime's stop line, leaves
+  the stop marker (``accelerate launch`` turns a worker's 42 into 1; ``restorepoint run``
+  maps it back) and exits 42.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .._posix import atomic_write, fsync_dir, signal_number
+from .._text import printable
+from ..errors import (
+    IncompatibleRestorePoint,
+    IntegrityError,
+    MissingExtra,
+    RestorePointError,
+    StorageError,
+    UsageError,
+)
+from ..format import Manifest, Position, Trainer
+from ..ops import Expectations, describe
+from ..ops.gate import decide, refuse
+from ..ops.local_view import cache_root_from_env
+from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.resume import choose, resume_import
+from ..ops.store import KeepBest
+from ..runtime.contract import (
+    EXIT_RESUMABLE,
+    READY_ENV,
+    REFUSED_FILE,
+    STORE_ENV,
+    leave_stop_marker,
+)
+from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
+from ..runtime.safe_load import check_loadable
+from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
+from ..runtime.stop import stop_message
+from ..storage import set_store_deadline
+from ..trust import Trust
+
+try:
+    import torch
+    from accelerate import __version__ as _ACCELERATE_VERSION  # type: ignore[import-untyped]
+except ImportError as exc:  # pragma: no cover - exercised without accelerate
+    raise MissingExtra("accelerate", "transformers", "the accelerate adapter") from exc
+
+__all__ = [
+    "ACCELERATE_HINTS",
+    "STATE_RECORD",
+    "AccelerateRun",
+    "local_view",
+    "publish_state",
+    "resume_state",
+]
+
+log = logging.getLogger("restorepoint.accelerate")
+
+#: Written into a state directory once every process saved: the head (with the position) and
+#: each file's size and sha256. A directory without it, or whose files differ, is not complete.
+STATE_RECORD = "restorepoint-state.json"
+_RECORD_FORMAT = "restorepoint.accelerate-state/1"
+_MAX_RECORD = 4 << 20
+#: Each process's own file: the RNG states Accelerate saves per process index.
+_RANK_FILE = re.compile(r"random_states_(\d+)\.pkl")
+#: What Accelerate loads with torch.load (the weights in ``.safetensors`` need no scan).
+_PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
+
+#: What a refusal says to give, in this module's words.
+ACCELERATE_HINTS = {
+    "trainer": "the restore point was not made by restorepoint.adapters.accelerate",
+    "terms": "give terms=",
+    "cache_root": "give cache_root= or RESTOREPOINT_CACHE_ROOT",
+    "cache_keys": "give cache_keys=",
+    "config": "give config=",
+}
+
+
+def local_view(
+    config: Mapping[str, Any] | None,
+    cache_keys: Mapping[str, str] | None = None,
+    cache_root: str | None = None,
+    terms: Mapping[str, str] | None = None,
+) -> Expectations:
+    """What an Accelerate run here expects of a restore point: the installed Accelerate (the
+    trainer ``accelerate=VERSION``), the terms detected here (torch, CUDA where present,
+    accelerate) and those given, the cache root and keys given, and the config."""
+    version = str(_ACCELERATE_VERSION)
+    root = cache_root if cache_root is not None else cache_root_from_env()
+    values: dict[str, Any] = {
+        "trainer": Trainer("accelerate", version),
+        "terms": {**torch_terms(), "accelerate": version, **dict(terms or {})},
+        "cache_keys": dict(cache_keys or {}),
+        "cache_root": root,
+    }
+    sources = {
+        "trainer": "detected: the installed accelerate",
+        "terms": f"{TORCH_TERMS_SOURCE}, accelerate" + (", terms=" if terms else ""),
+        "cache_keys": "cache_keys=" if cache_keys else "cache_keys= (none given)",
+        "cache_root": "cache_root="
+        if cache_root is not None
+        else ("RESTOREPOINT_CACHE_ROOT" if root is not None else "cache_root= (none given)"),
+    }
+    if config is not None:
+        values["config"] = dict(config)
+        sources["config"] = "config="
+    return Expectations(**values, sources=sources)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _state_files(directory: Path) -> list[str]:
+    """The files of a state directory: its regular files, the record and hidden ones aside."""
+    return sorted(
+        p.name
+        for p in directory.iterdir()
+        if p.is_file() and not p.is_symlink() and p.name != STATE_RECORD
+        and not p.name.startswith(".")
+    )  # fmt: skip
+
+
+def _rank_of(name: str) -> int | None:
+    match = _RANK_FILE.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def _pickles(names: Sequence[str]) -> list[str]:
+    return [n for n in names if n.endswith(_PICKLE_SUFFIXES)]
+
+
+class AccelerateRun:
+    """Restore points of one Accelerate run: ``publish`` (save_state, then publish),
+    ``resume`` (the newest complete state, local or from the store, gated and scanned, then
+    load_state), and, as a context manager, the stop contract (``should_stop``, ``stop``).
+
+    ``store`` (else ``$RESTOREPOINT_STORE``, what ``restorepoint run`` hands down, when
+    ``run`` or ``config`` names the run), ``run``/``config`` (the run's name is ``cfg-`` and
+    the config identity when only a config is given), ``operational`` (config keys left out of
+    the identity), ``keep_last``, ``keep_best`` with ``metric`` and ``mode``, ``cache_keys``,
+    ``cache_root``, ``terms``, ``trust`` and ``accept_older`` (the gated import's),
+    ``safe_globals`` (classes a pickle may name, that the caller vouches for),
+    ``exit_on_refusal`` (a resume's error is one line and its exit code: 3 for a refusal),
+    ``stop_signals``, ``upload_timeout`` (the stop's publish) and ``pack_options`` (the fields
+    of ``PackOptions``: ``level``, ``storage_options``, ``sign``, ...)."""
+
+    def __init__(  # noqa: PLR0913 - public API: the documented keyword options
+        self,
+        accelerator: Any,
+        directory: str | os.PathLike[str],
+        *,
+        store: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        run: str | None = None,
+        operational: Sequence[str] = (),
+        keep_last: int | None = None,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: str | None = None,
+        cache_keys: Mapping[str, str] | None = None,
+        cache_root: str | None = None,
+        terms: Mapping[str, str] | None = None,
+        trust: Trust | None = None,
+        accept_older: bool = False,
+        safe_globals: Sequence[Callable[..., Any]] = (),
+        exit_on_refusal: bool = True,
+        stop_signals: Sequence[int | str] | None = None,
+        upload_timeout: float = 300.0,
+        **pack_options: Any,
+    ) -> None:
+        self.accelerator = accelerator
+        self.directory = Path(directory)
+        self.config = dict(config) if config is not None else None
+        self.operational = tuple(operational)
+        self.view = local_view(self.config, cache_keys, cache_root, terms)
+        if store is None:
+            store = os.environ.get(STORE_ENV) or None
+            if store is not None and run is None and config is None:
+                log.warning("%s is set, but neither run= nor config= names the run", STORE_ENV)
+                store = None
+        self.store = store if store is None or store.endswith("/") else store + "/"
+        # describe validates the config (JSON data) and the run name, once, here.
+        self.run = describe(
+            position=0, config=self.config, operational_keys=self.operational, run=run
+        ).run
+        if self.store is not None and self.run is None:
+            raise UsageError("a store needs a run: give run= or config=")
+        self.keep_last = keep_last
+        self.keep_best = KeepBest.of(keep_best, metric, mode, "metric=")
+        try:
+            self.options = PackOptions(**pack_options)
+        except TypeError as exc:
+            raise UsageError(f"AccelerateRun: {exc}") from None
+        self.trust = trust
+        self.accept_older = accept_older
+        self.safe_globals = tuple(safe_globals)
+        self.exit_on_refusal = exit_on_refusal
+        self.upload_timeout = upload_timeout
+        signums = [signal_number(s) for s in (stop_signals or default_stop_signals())]
+        # No snapshot signal of its own: the first stop signal stands in (a stop, too).
+        self.flags = SignalFlags(signums[0], signums)
+        #: What each publish did: ``{"step", "ok", "url" or "error"}``, newest last.
+        self.uploads: list[dict[str, Any]] = []
+        self._url = ""
+        self._imported: Manifest | None = None
+
+    # -- the processes ---------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return int(self.accelerator.process_index)
+
+    @property
+    def world(self) -> int:
+        return int(self.accelerator.num_processes)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _barrier(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+    def _gather(self, value: Any) -> list[Any]:
+        if self.world == 1:
+            return [value]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, value)
+        return out
+
+    def _broadcast(self, value: Any) -> Any:
+        if self.world == 1:
+            return value
+        box = [value if self.is_main else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _together(self, work: Callable[[], Any]) -> Any:
+        """Run ``work`` on every process; when it failed on any, raise on every one (this
+        process's own error, or the first other's), so that no process waits alone in a
+        collective."""
+        error: RestorePointError | None = None
+        result = None
+        try:
+            result = work()
+        except RestorePointError as exc:
+            error = exc
+        said = None if error is None else (type(error).exit_code, f"rank {self.rank}: {error}")
+        failed = [s for s in self._gather(said) if s is not None]
+        if error is not None:
+            raise error
+        if failed:
+            code, message = failed[0]
+            cls = {1: IntegrityError, 2: UsageError, 3: IncompatibleRestorePoint}
+            raise cls.get(code, StorageError)(message)
+        return result
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    def head(self, position: Position, metrics: Mapping[str, float] | None = None) -> HeadSpec:
+        return HeadSpec.from_view(
+            self.view, position, operational_keys=self.operational, run=self.run,
+            metrics=metrics,
+        )  # fmt: skip
+
+    def publish(
+        self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
+    ) -> str | None:
+        """``accelerator.save_state(DIR)``, the state record, then (with a store) one restore
+        point of it at ``step``/``epoch``: collective, every process calls it. Returns the
+        restore point's URL (None without a store); raises on every process when it could not
+        be published (the store's previous restore point stays the newest)."""
+        position = Position(step, epoch)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.is_main:
+            # A save killed midway leaves a directory without a record: not complete.
+            (self.directory / STATE_RECORD).unlink(missing_ok=True)
+        self.accelerator.save_state(str(self.directory))
+        self._barrier()
+        files = self._together(lambda: self._write_record(position) if self.is_main else None)
+        files = self._broadcast(files)
+        if self.store is None:
+            return None
+        try:
+            url = self._publish(files, self.head(position, metrics))
+        except RestorePointError as exc:
+            self.uploads.append({"step": step, "ok": False, "error": str(exc)})
+            raise
+        self.uploads.append({"step": step, "ok": True, "url": url})
+        return url
+
+    def _write_record(self, position: Position) -> list[str]:
+        files = _state_files(self.directory)
+        doc = {
+            "files": {
+                name: {
+                    "sha256": _sha256(self.directory / name),
+                    "size": (self.directory / name).stat().st_size,
+                }
+                for name in files
+            },
+            "format": _RECORD_FORMAT,
+            "head": self.head(position).manifest.head_dict(),
+            "world_size": self.world,
+        }
+        atomic_write(self.directory / STATE_RECORD, json.dumps(doc, sort_keys=True).encode())
+        return files
+
+    def _publish(self, files: list[str], head: HeadSpec) -> str:
+        store = self.store or ""
+        if self.world == 1:
+            result = publish(
+                self.directory,
+                store,
+                head,
+                self.options,
+                include=files,
+                keep_last=self.keep_last,
+                keep_best=self.keep_best,
+            )
+            if result.prune_error is not None:
+                log.warning("the prune after %s failed: %s", result.url, result.prune_error)
+            return result.url
+        from ..runtime.sharded import publish_ranks
+
+        own = [f for f in files if _rank_of(f) == self.rank]
+        if not own:
+            raise UsageError(f"process {self.rank} saved no random_states_{self.rank}.pkl")
+        return publish_ranks(
+            self.directory,
+            store,
+            head,
+            own=own,
+            shared=[f for f in files if _rank_of(f) is None],
+            options=self.options,
+            keep_last=self.keep_last,
+            keep_best=self.keep_best,
+        )
+
+    # -- resuming --------------------------------------------------------------------------------
+
+    def resume(self) -> Position | None:
+        """Restore the newest state of the run: the newest complete local state directory, or
+        the store's newest restore point when it is further on (imported into DIR through the
+        gated import); every pickle scanned, then ``accelerator.load_state``. Returns the
+        position resumed at, or None (nothing to resume: training starts fresh). Collective."""
+        try:
+            chosen = self._together(self._choose if self.is_main else lambda: None)
+            kind, where = self._broadcast(chosen) or (None, "")
+            if kind is None:
+                if self.is_main:
+                    log.warning("no state in %s%s: starting fresh", self.directory, self._also())
+                return None
+            if kind == "store":
+                self._together(lambda: self._import(where))
+                self._barrier()
+                self._together(lambda: self._write_imported() if self.is_main else None)
+                where = str(self.directory)
+            path = Path(where)
+            self._together(lambda: self._check_pickles(path))
+            position: Position = self._together(lambda: self._record_position(path))
+        except RestorePointError as exc:
+            if not self.exit_on_refusal:
+                raise
+            raise self._refused(exc) from None
+        self.accelerator.load_state(str(path))
+        if self.is_main:
+            source = str(path) if kind == "local" else f"{self._url}, imported into {path}"
+            print(
+                f"restorepoint: resumed from {printable(source)}: step {position.step}, "
+                f"epoch {position.epoch}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return position
+
+    def _also(self) -> str:
+        return f" and no restore point in {self.store}" if self.store is not None else ""
+
+    def _choose(self) -> tuple[str, str] | None:
+        local = self._newest_local()
+        local_step = local[1] if local is not None else -1
+        if self.store is not None:
+            assert self.run is not None
+            view = replace(self.view, world_size=self.world)
+            entry = choose(
+                self.store,
+                run=self.run,
+                views=[view],
+                accept_older=self.accept_older,
+                trust=self.trust,
+                storage_options=self.options.storage_options,
+                hints=ACCELERATE_HINTS,
+            )
+            if entry is not None and entry.step > local_step:
+                return ("store", entry.url)
+        if local is not None:
+            return ("local", str(local[0]))
+        return None
+
+    def _newest_local(self) -> tuple[Path, int] | None:
+        """The complete state directory (DIR, or one directly under it) of the highest step,
+        gated; an incomplete one is skipped, a refused one is a refusal."""
+        found: list[tuple[int, Path, dict[str, Any]]] = []
+        candidates = [self.directory]
+        if self.directory.is_dir():
+            candidates += sorted(p for p in self.directory.iterdir() if p.is_dir())
+        for path in candidates:
+            record = self._read_record(path)
+            if record is not None:
+                found.append((record["position"].step, path, record))
+        for step, path, record in sorted(found, key=lambda f: -f[0]):
+            problem = self._incomplete(path, record)
+            if problem is not None:
+                log.warning("skipping the state in %s: %s", path, problem)
+                continue
+            result = decide(
+                str(path), record["head"], [self.view], strict=True, hints=ACCELERATE_HINTS
+            )
+            if not result.compatible:
+                raise refuse(result)
+            if record["world_size"] != self.world:
+                raise IncompatibleRestorePoint(
+                    f"refused: the state was saved by {record['world_size']} processes, "
+                    f"this run has {self.world}",
+                    url=str(path),
+                )
+            return path, step
+        return None
+
+    def _read_record(self, path: Path) -> dict[str, Any] | None:
+        """The state record of ``path``, validated (the head as a reader validates one); None
+        when there is none or it cannot be read (a directory that is not complete)."""
+        file = path / STATE_RECORD
+        try:
+            with file.open("rb") as f:
+                data = f.read(_MAX_RECORD + 1)
+            doc = json.loads(data) if len(data) <= _MAX_RECORD else None
+            if not isinstance(doc, dict) or doc.get("format") != _RECORD_FORMAT:
+                raise ValueError("not a state record")
+            files = doc["files"]
+            if not isinstance(files, dict) or not all(
+                isinstance(n, str) and "/" not in n and n not in ("", ".", "..")
+                and isinstance(v, dict) and isinstance(v.get("size"), int)
+                and isinstance(v.get("sha256"), str)
+                for n, v in files.items()
+            ):  # fmt: skip
+                raise ValueError("a bad file list")
+            world = doc["world_size"]
+            if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+                raise ValueError("a bad world size")
+            head = Manifest.from_head_dict(doc["head"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, RestorePointError) as exc:
+            log.warning("%s is not a readable state record: %s", file, exc)
+            return None
+        return {"files": files, "head": head, "position": head.position, "world_size": world}
+
+    @staticmethod
+    def _incomplete(path: Path, record: Mapping[str, Any]) -> str | None:
+        for name, want in record["files"].items():
+            file = path / name
+            try:
+                if file.is_symlink() or not file.is_file():
+                    return f"{printable(name)} is missing"
+                if file.stat().st_size != want["size"]:
+                    return f"{printable(name)} has another size than the record says"
+                if _sha256(file) != want["sha256"]:
+                    return f"{printable(name)} differs from the record"
+            except OSError as exc:
+                return f"{printable(name)}: {exc.strerror}"
+        return None
+
+    def _import(self, url: str) -> None:
+        """This process's share of the restore point (the shared part and its own), imported
+        through the gated import beside DIR, scanned, then moved into DIR."""
+        self._url = url
+        self.directory.mkdir(parents=True, exist_ok=True)
+        staging = self.directory.parent / (
+            f".{self.directory.name}.import-{secrets.token_hex(6)}-{self.rank}"
+        )
+        try:
+            result = resume_import(
+                url,
+                staging,
+                views=[replace(self.view, world_size=self.world)],
+                trust=self.trust,
+                storage_options=self.options.storage_options,
+                hints=ACCELERATE_HINTS,
+                rank=self.rank if self.world > 1 else None,
+                world_size=self.world,
+            )
+            self._imported = result.manifest
+            names = _state_files(staging)
+            # Checked where they lie, before they take the state's names.
+            for name in _pickles(names):
+                check_loadable(staging / name, extra_globals=self.safe_globals)
+            if self.is_main:
+                (self.directory / STATE_RECORD).unlink(missing_ok=True)
+            for name in names:
+                os.replace(staging / name, self.directory / name)
+            fsync_dir(self.directory)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _write_imported(self) -> None:
+        """The record of the imported state: the local directory is complete at its step."""
+        assert self._imported is not None
+        self._write_record(self._imported.position)
+
+    def _check_pickles(self, path: Path) -> None:
+        """The pickles this process loads, each through the allowlist scan: the main process
+        every shared one and its own, every other process its own."""
+        names = [
+            n for n in _pickles(_state_files(path))
+            if _rank_of(n) == self.rank or (self.is_main and _rank_of(n) is None)
+        ]  # fmt: skip
+        for name in names:
+            check_loadable(path / name, extra_globals=self.safe_globals)
+
+    def _record_position(self, path: Path) -> Position:
+        record = self._read_record(path)
+        if record is None:
+            raise IntegrityError("the state record is gone", url=str(path))
+        position = record["position"]
+        assert isinstance(position, Position)
+        return position
+
+    def _refused(self, exc: RestorePointError) -> SystemExit:
+        """One line (and the mismatches) on stderr, the refused fields for the supervisor's
+        telemetry, and the error's exit code (3 for a refusal)."""
+        if self.is_main:
+            lines = [f"restorepoint: error: {printable(str(exc))}"]
+            lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
+            print("\n".join(lines), file=sys.stderr, flush=True)
+            ready = os.environ.get(READY_ENV)
+            if ready and isinstance(exc, IncompatibleRestorePoint):
+                fields = [m["field"] for m in getattr(exc, "mismatches", ())]
+                doc = {"class": type(exc).__name__, "fields": fields, "pid": os.getpid()}
+                with contextlib.suppress(OSError):
+                    atomic_write(Path(ready) / REFUSED_FILE, json.dumps(doc).encode() + b"\n")
+        return SystemExit(exc.exit_code)
+
+    # -- the stop contract -----------------------------------------------------------------------
+
+    def __enter__(self) -> AccelerateRun:
+        self.flags.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flags.restore()
+
+    @contextlib.contextmanager
+    def _deadline(self) -> Iterator[None]:
+        # The store's retries end with the stop's upload_timeout, and the deadline with it.
+        set_store_deadline(time.monotonic() + self.upload_timeout)
+        try:
+            yield
+        finally:
+            set_store_deadline(None)
+
+    def should_stop(self) -> bool:
+        """Whether a stop was asked for (a stop signal, or ``request_stop``) on any process:
+        call it at a step boundary, on every process (with several, it is a collective)."""
+        stop = self.flags.stop
+        if self.world > 1:
+            flag = torch.tensor([int(stop)], dtype=torch.int64, device=self.accelerator.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return stop
+
+    def request_stop(self) -> None:
+        """Ask for a stop, as a stop signal does."""
+        self.flags.stop = True
+
+    def stop(
+        self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
+    ) -> NoReturn:
+        """The stop contract's ending: publish the state at ``step`` (within
+        ``upload_timeout``), the stop line (once), this process's stop marker, the handlers
+        that were there before, exit 42. When the publish fails, the store's previous restore
+        point stays the newest; the exit is 42 all the same."""
+        taken = self.flags.take(self.flags.stop_signals)
+        why = signal_name(taken[-1]) if taken else "requested"
+        where = ""
+        try:
+            with self._deadline():
+                url = self.publish(step=step, epoch=epoch, metrics=metrics)
+            where = (
+                f"restore point published to {url}"
+                if url is not None
+                else f"state saved in {self.directory} (no store)"
+            )
+        except RestorePointError as exc:
+            where = (
+                f"the publish failed ({exc}): the store's previous restore point stays the newest"
+            )
+        except OSError as exc:
+            where = f"the state was not saved ({exc}): the store's newest stays what it was"
+        if self.is_main:
+            print(stop_message(why, step, where), file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError, ValueError):
+            leave_stop_marker({"rank": self.rank, "run": self.run, "step": step})
+        self.flags.chain(taken)
+        raise SystemExit(EXIT_RESUMABLE)
+
+
+def publish_state(
+    accelerator: Any,
+    directory: str | os.PathLike[str],
+    *,
+    step: int,
+    epoch: int = 0,
+    metrics: Mapping[str, float] | None = None,
+    **options: Any,
+) -> str | None:
+    """``accelerator.save_state(directory)`` and one restore point of it at ``step``: every
+    process calls it. ``options`` are ``AccelerateRun``'s (``store``, ``config``, ``run``,
+    ``keep_last``, ...). Returns the restore point's URL, or None without a store."""
+    return AccelerateRun(accelerator, directory, **options).publish(
+        step=step, epoch=epoch, metrics=metrics
+    )
+
+
+def resume_state(
+    accelerator: Any, directory: str | os.PathLike[str], **options: Any
+) -> Position | None:
+    """Restore the newest state of the run into ``accelerator`` (``AccelerateRun.resume``):
+    every process calls it. Returns the position resumed at, or None (start fresh)."""
+    return AccelerateRun(accelerator, directory, **options).resume()

@@ -46,7 +46,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -79,7 +79,7 @@ from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
 from ..runtime.safe_load import check_loadable
 from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
 from ..runtime.stop import stop_message
-from ..storage import set_store_deadline
+from ..storage import store_deadline
 from ..trust import Trust
 
 try:
@@ -599,15 +599,6 @@ class AccelerateRun:
     def __exit__(self, *exc: object) -> None:
         self.flags.restore()
 
-    @contextlib.contextmanager
-    def _deadline(self) -> Iterator[None]:
-        # The store's retries end with the stop's upload_timeout, and the deadline with it.
-        set_store_deadline(time.monotonic() + self.upload_timeout)
-        try:
-            yield
-        finally:
-            set_store_deadline(None)
-
     def should_stop(self) -> bool:
         """Whether a stop was asked for (a stop signal, or ``request_stop``) on any process:
         call it at a step boundary, on every process (with several, it is a collective)."""
@@ -633,7 +624,9 @@ class AccelerateRun:
         why = signal_name(taken[-1]) if taken else "requested"
         where = ""
         try:
-            with self._deadline():
+            # The store's retries end with the stop's upload_timeout (and the deadline with
+            # the stop: the previous one is put back).
+            with store_deadline(time.monotonic() + self.upload_timeout):
                 url = self.publish(step=step, epoch=epoch, metrics=metrics)
             where = (
                 f"restore point published to {url}"

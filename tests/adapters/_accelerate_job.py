@@ -3,7 +3,7 @@ what the tests run alone, under ``accelerate launch`` with two CPU processes (gl
 ``restorepoint run``. Each step draws its batch from a generator of (step, process) and its
 noise from the global RNG, so a resume is bit for bit only when the RNG states come back.
 
-    python _accelerate_job.py --dir DIR --out OUT [--store S] [--steps N] [--lr LR]
+    python _accelerate_job.py --dir DIR --out OUT [--store S] [--run R] [--steps N] [--lr LR]
                               [--publish-every K] [--step-delay S]
 
 Prints ``start N`` once resumed (0 when fresh), ``step N`` after each step, and writes
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--store")
+    parser.add_argument("--run")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--publish-every", type=int, default=0)
@@ -42,7 +43,7 @@ def main() -> None:
     config = {"lr": args.lr, "model": "mlp-4-8-2", "steps": args.steps}
 
     with AccelerateRun(
-        accelerator, args.dir, store=args.store, config=config, operational=["steps"]
+        accelerator, args.dir, store=args.store, run=args.run, config=config, operational=["steps"]
     ) as rp:
         position = rp.resume()
         start = position.step if position is not None else 0

@@ -37,11 +37,9 @@ stop handler).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import sys
@@ -61,10 +59,9 @@ from ..errors import (
     StorageError,
     UsageError,
 )
-from ..format import Manifest, Position, Trainer
-from ..ops import Expectations, describe
+from ..format import Manifest, Position
+from ..ops import describe
 from ..ops.gate import decide, refuse
-from ..ops.local_view import cache_root_from_env
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.resume import choose, resume_import
 from ..ops.store import KeepBest
@@ -75,7 +72,6 @@ from ..runtime.contract import (
     STORE_ENV,
     leave_stop_marker,
 )
-from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
 from ..runtime.safe_load import check_loadable
 from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
 from ..runtime.stop import stop_message
@@ -88,6 +84,16 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without accelerate
     raise MissingExtra("accelerate", "transformers", "the accelerate adapter") from exc
 
+from ._accelerate_state import (
+    ACCELERATE_HINTS,
+    STATE_RECORD,
+    StateRecord,
+    local_view,
+    pickles,
+    rank_of,
+    state_files,
+)
+
 __all__ = [
     "ACCELERATE_HINTS",
     "STATE_RECORD",
@@ -98,83 +104,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("restorepoint.accelerate")
-
-#: Written into a state directory once every process saved: the head (with the position) and
-#: each file's size and sha256. A directory without it, or whose files differ, is not complete.
-STATE_RECORD = "restorepoint-state.json"
-_RECORD_FORMAT = "restorepoint.accelerate-state/1"
-_MAX_RECORD = 4 << 20
-#: Each process's own file: the RNG states Accelerate saves per process index.
-_RANK_FILE = re.compile(r"random_states_(\d+)\.pkl")
-#: What Accelerate loads with torch.load (the weights in ``.safetensors`` need no scan).
-_PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
-
-#: What a refusal says to give, in this module's words.
-ACCELERATE_HINTS = {
-    "trainer": "the restore point was not made by restorepoint.adapters.accelerate",
-    "terms": "give terms=",
-    "cache_root": "give cache_root= or RESTOREPOINT_CACHE_ROOT",
-    "cache_keys": "give cache_keys=",
-    "config": "give config=",
-}
-
-
-def local_view(
-    config: Mapping[str, Any] | None,
-    cache_keys: Mapping[str, str] | None = None,
-    cache_root: str | None = None,
-    terms: Mapping[str, str] | None = None,
-) -> Expectations:
-    """What an Accelerate run here expects of a restore point: the installed Accelerate (the
-    trainer ``accelerate=VERSION``), the terms detected here (torch, CUDA where present,
-    accelerate) and those given, the cache root and keys given, and the config."""
-    version = str(_ACCELERATE_VERSION)
-    root = cache_root if cache_root is not None else cache_root_from_env()
-    values: dict[str, Any] = {
-        "trainer": Trainer("accelerate", version),
-        "terms": {**torch_terms(), "accelerate": version, **dict(terms or {})},
-        "cache_keys": dict(cache_keys or {}),
-        "cache_root": root,
-    }
-    sources = {
-        "trainer": "detected: the installed accelerate",
-        "terms": f"{TORCH_TERMS_SOURCE}, accelerate" + (", terms=" if terms else ""),
-        "cache_keys": "cache_keys=" if cache_keys else "cache_keys= (none given)",
-        "cache_root": "cache_root="
-        if cache_root is not None
-        else ("RESTOREPOINT_CACHE_ROOT" if root is not None else "cache_root= (none given)"),
-    }
-    if config is not None:
-        values["config"] = dict(config)
-        sources["config"] = "config="
-    return Expectations(**values, sources=sources)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _state_files(directory: Path) -> list[str]:
-    """The files of a state directory: its regular files, the record and hidden ones aside."""
-    return sorted(
-        p.name
-        for p in directory.iterdir()
-        if p.is_file() and not p.is_symlink() and p.name != STATE_RECORD
-        and not p.name.startswith(".")
-    )  # fmt: skip
-
-
-def _rank_of(name: str) -> int | None:
-    match = _RANK_FILE.fullmatch(name)
-    return int(match.group(1)) if match else None
-
-
-def _pickles(names: Sequence[str]) -> list[str]:
-    return [n for n in names if n.endswith(_PICKLE_SUFFIXES)]
 
 
 class AccelerateRun:
@@ -220,7 +149,7 @@ class AccelerateRun:
         self.directory = Path(directory)
         self.config = dict(config) if config is not None else None
         self.operational = tuple(operational)
-        self.view = local_view(self.config, cache_keys, cache_root, terms)
+        self.view = local_view(str(_ACCELERATE_VERSION), self.config, cache_keys, cache_root, terms)
         if store is None:
             store = os.environ.get(STORE_ENV) or None
             if store is not None and run is None and config is None:
@@ -338,21 +267,7 @@ class AccelerateRun:
         return url
 
     def _write_record(self, position: Position) -> list[str]:
-        files = _state_files(self.directory)
-        doc = {
-            "files": {
-                name: {
-                    "sha256": _sha256(self.directory / name),
-                    "size": (self.directory / name).stat().st_size,
-                }
-                for name in files
-            },
-            "format": _RECORD_FORMAT,
-            "head": self.head(position).manifest.head_dict(),
-            "world_size": self.world,
-        }
-        atomic_write(self.directory / STATE_RECORD, json.dumps(doc, sort_keys=True).encode())
-        return files
+        return StateRecord.write(self.directory, self.head(position).manifest, self.world)
 
     def _publish(self, files: list[str], head: HeadSpec) -> str:
         store = self.store or ""
@@ -371,7 +286,7 @@ class AccelerateRun:
             return result.url
         from ..runtime.sharded import publish_ranks
 
-        own = [f for f in files if _rank_of(f) == self.rank]
+        own = [f for f in files if rank_of(f) == self.rank]
         if not own:
             raise UsageError(f"process {self.rank} saved no random_states_{self.rank}.pkl")
         return publish_ranks(
@@ -379,7 +294,7 @@ class AccelerateRun:
             store,
             head,
             own=own,
-            shared=[f for f in files if _rank_of(f) is None],
+            shared=[f for f in files if rank_of(f) is None],
             options=self.options,
             keep_last=self.keep_last,
             keep_best=self.keep_best,
@@ -405,7 +320,7 @@ class AccelerateRun:
                 self._together(lambda: self._write_imported() if self.is_main else None)
                 where = str(self.directory)
             path = Path(where)
-            self._together(lambda: self._check_pickles(path))
+            self._together(lambda: self._checkpickles(path))
             position: Position = self._together(lambda: self._record_position(path))
         except RestorePointError as exc:
             if not self.exit_on_refusal:
@@ -449,75 +364,31 @@ class AccelerateRun:
     def _newest_local(self) -> tuple[Path, int] | None:
         """The complete state directory (DIR, or one directly under it) of the highest step,
         gated; an incomplete one is skipped, a refused one is a refusal."""
-        found: list[tuple[int, Path, dict[str, Any]]] = []
+        found: list[tuple[int, Path, StateRecord]] = []
         candidates = [self.directory]
         if self.directory.is_dir():
             candidates += sorted(p for p in self.directory.iterdir() if p.is_dir())
         for path in candidates:
-            record = self._read_record(path)
+            record = StateRecord.read(path)
             if record is not None:
-                found.append((record["position"].step, path, record))
+                found.append((record.position.step, path, record))
         for step, path, record in sorted(found, key=lambda f: -f[0]):
-            problem = self._incomplete(path, record)
+            problem = record.incomplete(path)
             if problem is not None:
                 log.warning("skipping the state in %s: %s", path, problem)
                 continue
             result = decide(
-                str(path), record["head"], [self.view], strict=True, hints=ACCELERATE_HINTS
+                str(path), record.head, [self.view], strict=True, hints=ACCELERATE_HINTS
             )
             if not result.compatible:
                 raise refuse(result)
-            if record["world_size"] != self.world:
+            if record.world_size != self.world:
                 raise IncompatibleRestorePoint(
-                    f"refused: the state was saved by {record['world_size']} processes, "
+                    f"refused: the state was saved by {record.world_size} processes, "
                     f"this run has {self.world}",
                     url=str(path),
                 )
             return path, step
-        return None
-
-    def _read_record(self, path: Path) -> dict[str, Any] | None:
-        """The state record of ``path``, validated (the head as a reader validates one); None
-        when there is none or it cannot be read (a directory that is not complete)."""
-        file = path / STATE_RECORD
-        try:
-            with file.open("rb") as f:
-                data = f.read(_MAX_RECORD + 1)
-            doc = json.loads(data) if len(data) <= _MAX_RECORD else None
-            if not isinstance(doc, dict) or doc.get("format") != _RECORD_FORMAT:
-                raise ValueError("not a state record")
-            files = doc["files"]
-            if not isinstance(files, dict) or not all(
-                isinstance(n, str) and "/" not in n and n not in ("", ".", "..")
-                and isinstance(v, dict) and isinstance(v.get("size"), int)
-                and isinstance(v.get("sha256"), str)
-                for n, v in files.items()
-            ):  # fmt: skip
-                raise ValueError("a bad file list")
-            world = doc["world_size"]
-            if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-                raise ValueError("a bad world size")
-            head = Manifest.from_head_dict(doc["head"])
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, RestorePointError) as exc:
-            log.warning("%s is not a readable state record: %s", file, exc)
-            return None
-        return {"files": files, "head": head, "position": head.position, "world_size": world}
-
-    @staticmethod
-    def _incomplete(path: Path, record: Mapping[str, Any]) -> str | None:
-        for name, want in record["files"].items():
-            file = path / name
-            try:
-                if file.is_symlink() or not file.is_file():
-                    return f"{printable(name)} is missing"
-                if file.stat().st_size != want["size"]:
-                    return f"{printable(name)} has another size than the record says"
-                if _sha256(file) != want["sha256"]:
-                    return f"{printable(name)} differs from the record"
-            except OSError as exc:
-                return f"{printable(name)}: {exc.strerror}"
         return None
 
     def _import(self, url: str) -> None:
@@ -540,9 +411,9 @@ class AccelerateRun:
                 world_size=self.world,
             )
             self._imported = result.manifest
-            names = _state_files(staging)
+            names = state_files(staging)
             # Checked where they lie, before they take the state's names.
-            for name in _pickles(names):
+            for name in pickles(names):
                 check_loadable(staging / name, extra_globals=self.safe_globals)
             if self.is_main:
                 (self.directory / STATE_RECORD).unlink(missing_ok=True)
@@ -557,23 +428,21 @@ class AccelerateRun:
         assert self._imported is not None
         self._write_record(self._imported.position)
 
-    def _check_pickles(self, path: Path) -> None:
+    def _checkpickles(self, path: Path) -> None:
         """The pickles this process loads, each through the allowlist scan: the main process
         every shared one and its own, every other process its own."""
         names = [
-            n for n in _pickles(_state_files(path))
-            if _rank_of(n) == self.rank or (self.is_main and _rank_of(n) is None)
+            n for n in pickles(state_files(path))
+            if rank_of(n) == self.rank or (self.is_main and rank_of(n) is None)
         ]  # fmt: skip
         for name in names:
             check_loadable(path / name, extra_globals=self.safe_globals)
 
     def _record_position(self, path: Path) -> Position:
-        record = self._read_record(path)
+        record = StateRecord.read(path)
         if record is None:
             raise IntegrityError("the state record is gone", url=str(path))
-        position = record["position"]
-        assert isinstance(position, Position)
-        return position
+        return record.position
 
     def _refused(self, exc: RestorePointError) -> SystemExit:
         """One line (and the mismatches) on stderr, the refused fields for the supervisor's

@@ -33,11 +33,11 @@ __all__ = [
     "ACCELERATE_HINTS",
     "STATE_RECORD",
     "StateRecord",
-    "local_view",
     "pickles",
     "rank_of",
     "sha256_of",
     "state_files",
+    "view_for",
 ]
 
 log = logging.getLogger("restorepoint.accelerate")
@@ -62,7 +62,7 @@ ACCELERATE_HINTS = {
 }
 
 
-def local_view(
+def view_for(
     version: str,
     config: Mapping[str, Any] | None,
     cache_keys: Mapping[str, str] | None = None,

@@ -60,7 +60,7 @@ from ..errors import (
     UsageError,
 )
 from ..format import Manifest, Position
-from ..ops import describe
+from ..ops import Expectations, describe
 from ..ops.gate import decide, refuse
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.resume import choose, resume_import
@@ -88,10 +88,10 @@ from ._accelerate_state import (
     ACCELERATE_HINTS,
     STATE_RECORD,
     StateRecord,
-    local_view,
     pickles,
     rank_of,
     state_files,
+    view_for,
 )
 
 __all__ = [
@@ -104,6 +104,18 @@ __all__ = [
 ]
 
 log = logging.getLogger("restorepoint.accelerate")
+
+
+def local_view(
+    config: Mapping[str, Any] | None = None,
+    cache_keys: Mapping[str, str] | None = None,
+    cache_root: str | None = None,
+    terms: Mapping[str, str] | None = None,
+) -> Expectations:
+    """What an Accelerate run here expects of a restore point: the installed Accelerate (the
+    trainer ``accelerate=VERSION``), the terms detected here (torch, CUDA where present,
+    accelerate) and ``terms``, the cache root and keys given, and the config."""
+    return view_for(str(_ACCELERATE_VERSION), config, cache_keys, cache_root, terms)
 
 
 class AccelerateRun:
@@ -149,7 +161,7 @@ class AccelerateRun:
         self.directory = Path(directory)
         self.config = dict(config) if config is not None else None
         self.operational = tuple(operational)
-        self.view = local_view(str(_ACCELERATE_VERSION), self.config, cache_keys, cache_root, terms)
+        self.view = local_view(self.config, cache_keys, cache_root, terms)
         if store is None:
             store = os.environ.get(STORE_ENV) or None
             if store is not None and run is None and config is None:

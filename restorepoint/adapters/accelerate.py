@@ -37,6 +37,7 @@ stop handler).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -75,6 +76,7 @@ from ..runtime.contract import (
 from ..runtime.safe_load import check_loadable
 from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
 from ..runtime.stop import stop_message
+from ..runtime.worker import SnapshotWorker
 from ..storage import store_deadline
 from ..trust import Trust
 
@@ -104,6 +106,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("restorepoint.accelerate")
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A saved state to publish: its files, its head, its step."""
+
+    files: list[str]
+    head: HeadSpec
+    step: int
 
 
 def local_view(
@@ -155,6 +166,7 @@ class AccelerateRun:
         exit_on_refusal: bool = True,
         stop_signals: Sequence[int | str] | None = None,
         upload_timeout: float = 300.0,
+        background_nice: int | None = 19,
         **pack_options: Any,
     ) -> None:
         self.accelerator = accelerator
@@ -192,6 +204,12 @@ class AccelerateRun:
         self.uploads: list[dict[str, Any]] = []
         self._url = ""
         self._imported: Manifest | None = None
+        self._nice = background_nice
+        #: Inside ``with``: the runtime's snapshot worker, which publishes while training
+        #: goes on, and (several processes) the gloo group its collectives go over, so that
+        #: they never meet the training thread's.
+        self.worker: SnapshotWorker[_Job] | None = None
+        self._group: Any = None
 
     # -- the processes ---------------------------------------------------------------------------
 
@@ -256,10 +274,29 @@ class AccelerateRun:
         self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
     ) -> str | None:
         """``accelerator.save_state(DIR)``, the state record, then (with a store) one restore
-        point of it at ``step``/``epoch``: collective, every process calls it. Returns the
-        restore point's URL (None without a store); raises on every process when it could not
-        be published (the store's previous restore point stays the newest)."""
-        position = Position(step, epoch)
+        point of it at ``step``/``epoch``: collective, every process calls it. Outside
+        ``with``: published now; returns its URL (None without a store) and raises on every
+        process when it could not be published (the store's previous restore point stays the
+        newest). Inside ``with``: handed to the snapshot worker, which publishes while
+        training goes on (``wait``; each outcome in ``uploads``, a failure logged and training
+        goes on); returns None. Either way the publish before is awaited first: its files
+        are not saved over while they are read."""
+        self.wait()
+        files = self._save(Position(step, epoch))
+        if self.store is None:
+            return None
+        job = _Job(files, self.head(Position(step, epoch), metrics), step)
+        if self.worker is not None:
+            self.worker.submit(job)
+            return None
+        return self._publish_job(job, raise_errors=True)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the publishes handed to the worker are done; False on timeout."""
+        return self.worker.wait(timeout) if self.worker is not None else True
+
+    def _save(self, position: Position) -> list[str]:
+        """save_state on every process, then the record (the main process): the files."""
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.is_main:
             # A save killed midway leaves a directory without a record: not complete.
@@ -267,15 +304,22 @@ class AccelerateRun:
         self.accelerator.save_state(str(self.directory))
         self._barrier()
         files = self._together(lambda: self._write_record(position) if self.is_main else None)
-        files = self._broadcast(files)
-        if self.store is None:
-            return None
+        return list(self._broadcast(files))
+
+    def _work(self, job: _Job) -> None:
+        self._publish_job(job)
+
+    def _publish_job(self, job: _Job, *, raise_errors: bool = False) -> str | None:
+        """Publish one saved state (the worker's job: a failure is recorded, never raised)."""
         try:
-            url = self._publish(files, self.head(position, metrics))
-        except RestorePointError as exc:
-            self.uploads.append({"step": step, "ok": False, "error": str(exc)})
-            raise
-        self.uploads.append({"step": step, "ok": True, "url": url})
+            url = self._publish(job.files, job.head)
+        except Exception as exc:
+            self.uploads.append({"step": job.step, "ok": False, "error": str(exc)})
+            if raise_errors:
+                raise
+            log.warning("publishing the state at step %d failed: %s", job.step, exc)
+            return None
+        self.uploads.append({"step": job.step, "ok": True, "url": url})
         return url
 
     def _write_record(self, position: Position) -> list[str]:
@@ -310,6 +354,7 @@ class AccelerateRun:
             options=self.options,
             keep_last=self.keep_last,
             keep_best=self.keep_best,
+            group=self._group,
         )
 
     # -- resuming --------------------------------------------------------------------------------
@@ -474,11 +519,27 @@ class AccelerateRun:
     # -- the stop contract -----------------------------------------------------------------------
 
     def __enter__(self) -> AccelerateRun:
+        if self.store is not None:
+            if self.world > 1:
+                # Collective: every process enters the context together.
+                self._group = torch.distributed.new_group(
+                    backend="gloo",
+                    timeout=datetime.timedelta(seconds=max(self.upload_timeout, 60.0)),
+                )
+            self.worker = SnapshotWorker(self._work, nice=self._nice)
+            self.worker.start()
         self.flags.install()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.flags.restore()
+        try:
+            if self.worker is not None and not self.worker.finish(self.upload_timeout):
+                log.warning(
+                    "a publish was still running after %.0f s; leaving it", self.upload_timeout
+                )
+        finally:
+            self.worker = None
+            self.flags.restore()
 
     def should_stop(self) -> bool:
         """Whether a stop was asked for (a stop signal, or ``request_stop``) on any process:
@@ -494,6 +555,32 @@ class AccelerateRun:
         """Ask for a stop, as a stop signal does."""
         self.flags.stop = True
 
+    def _final_publish(
+        self, position: Position, metrics: Mapping[str, float] | None, deadline: float
+    ) -> str:
+        """The stop's publish, on this thread, once the worker's is done: where it went."""
+        if self.worker is not None:
+            self.worker.unthrottle()
+        # Every process waits for its own worker: they agree on whether all were done.
+        done = self._gather(self.wait(max(0.0, deadline - time.monotonic())))
+        if not all(done):
+            return (
+                f"the publish in hand did not land within upload_timeout "
+                f"({self.upload_timeout:g} s): the state at the stop was not saved over it, "
+                "and the store's previous restore point stays the newest"
+            )
+        try:
+            files = self._save(position)
+            if self.store is None:
+                return f"state saved in {self.directory} (no store)"
+            job = _Job(files, self.head(position, metrics), position.step)
+            url = self._publish_job(job, raise_errors=True)
+        except RestorePointError as exc:
+            return (
+                f"the publish failed ({exc}): the store's previous restore point stays the newest"
+            )
+        return f"restore point published to {url}"
+
     def stop(
         self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
     ) -> NoReturn:
@@ -503,23 +590,11 @@ class AccelerateRun:
         point stays the newest; the exit is 42 all the same."""
         taken = self.flags.take(self.flags.stop_signals)
         why = signal_name(taken[-1]) if taken else "requested"
-        where = ""
-        try:
-            # The store's retries end with the stop's upload_timeout (and the deadline with
-            # the stop: the previous one is put back).
-            with store_deadline(time.monotonic() + self.upload_timeout):
-                url = self.publish(step=step, epoch=epoch, metrics=metrics)
-            where = (
-                f"restore point published to {url}"
-                if url is not None
-                else f"state saved in {self.directory} (no store)"
-            )
-        except RestorePointError as exc:
-            where = (
-                f"the publish failed ({exc}): the store's previous restore point stays the newest"
-            )
-        except OSError as exc:
-            where = f"the state was not saved ({exc}): the store's newest stays what it was"
+        # One upload_timeout for the whole stop; the store's retries end with it too (and the
+        # deadline with the stop: the previous one is put back).
+        deadline = time.monotonic() + self.upload_timeout
+        with store_deadline(deadline):
+            where = self._final_publish(Position(step, epoch), metrics, deadline)
         if self.is_main:
             print(stop_message(why, step, where), file=sys.stderr, flush=True)
         with contextlib.suppress(OSError, ValueError):

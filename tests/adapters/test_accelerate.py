@@ -2,8 +2,9 @@
 store on moto's S3 server: a publish and a resume onto a fresh directory give back the model,
 the optimizer, the scheduler and the RNG bit for bit; a changed config is refused with its
 field named; a code-running optimizer.bin is refused before anything loads it; a half-written
-local state is skipped; a SIGTERM at a step boundary publishes, prints the stop line and exits
-42, and leaves no handler or store deadline behind."""
+local state is skipped; a publish inside the context goes to the snapshot worker; a SIGTERM at
+a step boundary publishes, prints the stop line and exits 42, and leaves no handler, store
+deadline or thread behind."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import copy
 import json
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -222,19 +224,26 @@ def test_sigterm_at_a_step_boundary_publishes_and_exits_42(
     before = signal.getsignal(signal.SIGTERM)
     accelerator, model, optimizer, scheduler = fresh()
     with AccelerateRun(accelerator, tmp_path / "a", **store) as rp:
-        train(accelerator, model, optimizer, scheduler, 2)
+        train(accelerator, model, optimizer, scheduler, 1)
+        # Inside the context a publish goes to the runtime's snapshot worker.
+        assert rp.publish(step=1) is None
+        train(accelerator, model, optimizer, scheduler, 1)
+        assert rp.wait(60)
+        assert rp.uploads[-1]["ok"] and rp.uploads[-1]["step"] == 1
         assert not rp.should_stop()
         os.kill(os.getpid(), signal.SIGTERM)
         assert rp.should_stop()
         with pytest.raises(SystemExit) as exited:
             rp.stop(step=2)
     assert exited.value.code == 42
-    (entry,) = list_store(store["store"], storage_options=store["storage_options"])
-    assert entry.step == 2
+    entry, periodic = list_store(store["store"], storage_options=store["storage_options"])
+    assert (entry.step, periodic.step) == (2, 1)
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"restorepoint: stop (SIGTERM) at step 2: restore point published to {entry.url}; "
         "exiting 42 (resumable)"
     )
-    # Nothing of the stop is left behind: the handler, the store deadline.
+    # Nothing of the run is left behind: the handler, the store deadline, the worker thread.
     assert signal.getsignal(signal.SIGTERM) == before
     assert deadline_left() is None
+    assert rp.worker is None
+    assert not [t for t in threading.enumerate() if t.name == "rp-snapshots"]

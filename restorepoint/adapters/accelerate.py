@@ -64,12 +64,15 @@ from ..format import Manifest, Position
 from ..ops import Expectations, describe
 from ..ops.gate import decide, refuse
 from ..ops.publish import HeadSpec, PackOptions, publish
-from ..ops.resume import choose, resume_import
+from ..ops.resume import choose, read_head_file, resume_import
 from ..ops.store import KeepBest
 from ..runtime.contract import (
     EXIT_RESUMABLE,
     READY_ENV,
     REFUSED_FILE,
+    RESUME_DIR_ENV,
+    RESUME_HEAD_ENV,
+    RESUME_URL_ENV,
     STORE_ENV,
     leave_stop_marker,
 )
@@ -376,8 +379,11 @@ class AccelerateRun:
                 self._barrier()
                 self._together(lambda: self._write_imported() if self.is_main else None)
                 where = str(self.directory)
+            elif kind == "handed":
+                self._together(lambda: self._take_handed(Path(where)) if self.is_main else None)
+                where = str(self.directory)
             path = Path(where)
-            self._together(lambda: self._checkpickles(path))
+            self._together(lambda: self._check_pickles(path))
             position: Position = self._together(lambda: self._record_position(path))
         except RestorePointError as exc:
             if not self.exit_on_refusal:
@@ -386,6 +392,9 @@ class AccelerateRun:
         self.accelerator.load_state(str(path))
         if self.is_main:
             source = str(path) if kind == "local" else f"{self._url}, imported into {path}"
+            if kind == "handed":
+                source = f"{os.environ.get(RESUME_URL_ENV) or 'an import'}, handed over by "
+                source += f"restorepoint run, copied into {path}"
             print(
                 f"restorepoint: resumed from {printable(source)}: step {position.step}, "
                 f"epoch {position.epoch}",
@@ -398,6 +407,18 @@ class AccelerateRun:
         return f" and no restore point in {self.store}" if self.store is not None else ""
 
     def _choose(self) -> tuple[str, str] | None:
+        handed = os.environ.get(RESUME_DIR_ENV)
+        if handed and Path(handed).is_dir() and state_files(Path(handed)):
+            # restorepoint run --resume-from imported it: gated here again with what only
+            # this run knows (its config, trainer, world size), against the head handed over.
+            head_file = os.environ.get(RESUME_HEAD_ENV) or handed + ".head.json"
+            self._imported = read_head_file(head_file)
+            url = os.environ.get(RESUME_URL_ENV) or handed
+            view = replace(self.view, world_size=self.world)
+            result = decide(url, self._imported, [view], strict=True, hints=ACCELERATE_HINTS)
+            if not result.compatible:
+                raise refuse(result)
+            return ("handed", handed)
         local = self._newest_local()
         local_step = local[1] if local is not None else -1
         if self.store is not None:
@@ -480,12 +501,31 @@ class AccelerateRun:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def _take_handed(self, handed: Path) -> None:
+        """The supervisor's import (every process's files), scanned, then copied into DIR
+        (renamed into place file by file: the import may lie on another file system) and
+        recorded."""
+        names = state_files(handed)
+        for name in pickles(names):
+            check_loadable(handed / name, extra_globals=self.safe_globals)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / STATE_RECORD).unlink(missing_ok=True)
+        for name in names:
+            staging = self.directory / f".{name}.{secrets.token_hex(6)}"
+            try:
+                shutil.copyfile(handed / name, staging)
+                os.replace(staging, self.directory / name)
+            finally:
+                staging.unlink(missing_ok=True)
+        fsync_dir(self.directory)
+        self._write_imported()
+
     def _write_imported(self) -> None:
         """The record of the imported state: the local directory is complete at its step."""
         assert self._imported is not None
         self._write_record(self._imported.position)
 
-    def _checkpickles(self, path: Path) -> None:
+    def _check_pickles(self, path: Path) -> None:
         """The pickles this process loads, each through the allowlist scan: the main process
         every shared one and its own, every other process its own."""
         names = [

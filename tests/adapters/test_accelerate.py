@@ -12,6 +12,8 @@ import copy
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,3 +249,35 @@ def test_sigterm_at_a_step_boundary_publishes_and_exits_42(
     assert deadline_left() is None
     assert rp.worker is None
     assert not [t for t in threading.enumerate() if t.name == "rp-snapshots"]
+
+
+def test_a_restore_point_handed_over_by_restorepoint_run_resume_from(
+    tmp_path: Path, fresh: Any
+) -> None:
+    """``restorepoint run --resume-from`` imports the restore point and hands it to the job
+    (tests/adapters/_accelerate_job.py, the same model), which gates it again and resumes."""
+    accelerator, model, optimizer, scheduler = fresh()
+    train(accelerator, model, optimizer, scheduler, 2)
+    config = {"lr": CONFIG["lr"], "model": CONFIG["model"], "steps": 8}
+    url = publish_state(
+        accelerator, tmp_path / "a", step=2, store=f"{tmp_path / 'store'}/", run="handed",
+        config=config, operational=["steps"],
+    )  # fmt: skip
+    assert url is not None
+    job = Path(__file__).with_name("_accelerate_job.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESTOREPOINT_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "restorepoint", "run", "--store", f"{tmp_path / 'other'}/",
+         "--term", f"accelerate={accelerate.__version__}", "--resume-from", url, "--",
+         sys.executable, str(job), "--dir", str(tmp_path / "b"), "--out", str(tmp_path / "b"),
+         "--run", "handed", "--steps", "3"],
+        capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=240,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "start 2\n" in done.stdout
+    assert (
+        f"restorepoint: resumed from {url}, handed over by restorepoint run, copied into "
+        f"{tmp_path / 'b'}: step 2"
+    ) in done.stderr
+    assert (tmp_path / "b" / STATE_RECORD).is_file()

@@ -57,6 +57,19 @@ def launch(work: Path, tag: str, *args: str) -> list[str]:
     ]  # fmt: skip
 
 
+def assert_same_as_reference(work: Path, tag: str) -> None:
+    for rank in (0, 1):
+        got = torch.load(work / f"{tag}-{rank}.pt", weights_only=True)
+        want = torch.load(work / f"ref-{rank}.pt", weights_only=True)
+        for key, value in want["model"].items():
+            assert torch.equal(got["model"][key], value), (tag, rank, key)
+        assert torch.equal(got["rng"], want["rng"]), (tag, rank)
+        for index, state in want["optimizer"]["state"].items():
+            for name, value in state.items():
+                got_value = got["optimizer"]["state"][index][name]
+                assert torch.equal(got_value, value), (tag, rank, name)
+
+
 def supervised(store: str, command: list[str]) -> list[str]:
     return [sys.executable, "-m", "restorepoint", "run", "--store", store, "--", *command]
 
@@ -115,15 +128,7 @@ def test_two_processes_one_multipart_restore_point_sigterm_42_and_a_bit_for_bit_
         "model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl",
         "restorepoint-state.json", "scheduler.bin",
     ]  # fmt: skip
-    for rank in (0, 1):
-        got = torch.load(tmp_path / f"b-{rank}.pt", weights_only=True)
-        want = torch.load(tmp_path / f"ref-{rank}.pt", weights_only=True)
-        for key, value in want["model"].items():
-            assert torch.equal(got["model"][key], value), (rank, key)
-        assert torch.equal(got["rng"], want["rng"]), rank
-        for index, state in want["optimizer"]["state"].items():
-            for name, value in state.items():
-                assert torch.equal(got["optimizer"]["state"][index][name], value), (rank, name)
+    assert_same_as_reference(tmp_path, "b")
 
     # The same run with another learning rate: refused, naming the field; exit 3.
     refused = subprocess.run(

@@ -68,6 +68,7 @@ from ..ops.resume import choose, read_head_file, resume_import
 from ..ops.store import KeepBest
 from ..runtime.contract import (
     EXIT_RESUMABLE,
+    KEEP_BEST_ENV,
     READY_ENV,
     REFUSED_FILE,
     RESUME_DIR_ENV,
@@ -191,6 +192,9 @@ class AccelerateRun:
             raise UsageError("a store needs a run: give run= or config=")
         self.keep_last = keep_last
         self.keep_best = KeepBest.of(keep_best, metric, mode, "metric=")
+        if self.keep_best is None and os.environ.get(KEEP_BEST_ENV):
+            # restorepoint run --keep-best: the supervisor's retention, when none is given.
+            self.keep_best = KeepBest.from_text(os.environ[KEEP_BEST_ENV])
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:
@@ -249,13 +253,14 @@ class AccelerateRun:
         """Run ``work`` on every process; when it failed on any, raise on every one (this
         process's own error, or the first other's), so that no process waits alone in a
         collective."""
-        error: RestorePointError | None = None
+        error: Exception | None = None
         result = None
         try:
             result = work()
-        except RestorePointError as exc:
+        except Exception as exc:  # whatever it is, the other processes must hear of it
             error = exc
-        said = None if error is None else (type(error).exit_code, f"rank {self.rank}: {error}")
+        code = error.exit_code if isinstance(error, RestorePointError) else 1
+        said = None if error is None else (code, f"rank {self.rank}: {error}")
         failed = [s for s in self._gather(said) if s is not None]
         if error is not None:
             raise error
@@ -445,7 +450,9 @@ class AccelerateRun:
         found: list[tuple[int, Path, StateRecord]] = []
         candidates = [self.directory]
         if self.directory.is_dir():
-            candidates += sorted(p for p in self.directory.iterdir() if p.is_dir())
+            candidates += sorted(
+                p for p in self.directory.iterdir() if p.is_dir() and not p.name.startswith(".")
+            )
         for path in candidates:
             record = StateRecord.read(path)
             if record is not None:

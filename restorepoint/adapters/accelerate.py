@@ -43,6 +43,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -76,6 +77,7 @@ from ..runtime.contract import (
     RESUME_URL_ENV,
     STORE_ENV,
     leave_stop_marker,
+    report_ready,
 )
 from ..runtime.safe_load import check_loadable
 from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
@@ -204,9 +206,9 @@ class AccelerateRun:
         self.safe_globals = tuple(safe_globals)
         self.exit_on_refusal = exit_on_refusal
         self.upload_timeout = upload_timeout
-        signums = [signal_number(s) for s in (stop_signals or default_stop_signals())]
-        # No snapshot signal of its own: the first stop signal stands in (a stop, too).
-        self.flags = SignalFlags(signums[0], signums)
+        stops = [signal_number(s) for s in (stop_signals or default_stop_signals())]
+        self.flags = SignalFlags(int(signal.SIGUSR1), stops)
+        self._ready: Path | None = None
         #: What each publish did: ``{"step", "ok", "url" or "error"}``, newest last.
         self.uploads: list[dict[str, Any]] = []
         self._url = ""
@@ -576,9 +578,14 @@ class AccelerateRun:
             self.worker = SnapshotWorker(self._work, nice=self._nice)
             self.worker.start()
         self.flags.install()
+        self._report_up()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._ready is not None:
+            with contextlib.suppress(OSError):
+                self._ready.unlink()
+            self._ready = None
         try:
             if self.worker is not None and not self.worker.finish(self.upload_timeout):
                 log.warning(
@@ -588,15 +595,52 @@ class AccelerateRun:
             self.worker = None
             self.flags.restore()
 
+    def _report_up(self) -> None:
+        """Under ``restorepoint run``: the handlers are installed, so the supervisor may signal
+        this process (a stop: SIGTERM; a snapshot notice: SIGUSR1), and it waits for the run's
+        new restore point (docs/preempt.md, "The ready-file protocol")."""
+        doc = {
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "run": self.run,
+            "run_dir": str(self.directory.resolve()),
+            "snapshot_signal": self.flags.snapshot_signal,
+        }
+        with contextlib.suppress(OSError):
+            self._ready = report_ready(doc)
+
+    def check(
+        self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
+    ) -> None:
+        """The step boundary, in one call on every process (a collective with several): a
+        stop (SIGTERM, ...) on any process is ``stop``; a snapshot request (SIGUSR1: a
+        supervisor's snapshot notice, ``restorepoint snapshot``) on any is a ``publish``, and
+        training goes on."""
+        snapshot, stop = self._agree()
+        if stop:
+            self.stop(step=step, epoch=epoch, metrics=metrics)
+        if snapshot:
+            # Taken before the publish: a request during it gets one of its own next time.
+            self.flags.snapshot = False
+            received = self.flags.take({self.flags.snapshot_signal})
+            self.publish(step=step, epoch=epoch, metrics=metrics)
+            self.flags.chain(received)
+
+    def _agree(self) -> tuple[bool, bool]:
+        """The flags or-ed across the processes: every one acts at the same step."""
+        snapshot, stop = self.flags.snapshot, self.flags.stop
+        if self.world > 1:
+            device = self.accelerator.device
+            flags = torch.tensor([int(snapshot), int(stop)], dtype=torch.int64, device=device)
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            snapshot, stop = bool(flags[0]), bool(flags[1])
+        return snapshot, stop
+
     def should_stop(self) -> bool:
         """Whether a stop was asked for (a stop signal, or ``request_stop``) on any process:
-        call it at a step boundary, on every process (with several, it is a collective)."""
-        stop = self.flags.stop
-        if self.world > 1:
-            flag = torch.tensor([int(stop)], dtype=torch.int64, device=self.accelerator.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            stop = bool(flag.item())
-        return stop
+        call it at a step boundary, on every process (with several, it is a collective).
+        (``check`` also takes snapshot requests.)"""
+        return self._agree()[1]
 
     def request_stop(self) -> None:
         """Ask for a stop, as a stop signal does."""

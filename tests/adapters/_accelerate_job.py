@@ -61,8 +61,7 @@ def main() -> None:
             if args.publish_every and (step + 1) % args.publish_every == 0:
                 rp.publish(step=step + 1)
             time.sleep(args.step_delay)
-            if rp.should_stop():
-                rp.stop(step=step + 1)
+            rp.check(step=step + 1)  # a stop: publish, exit 42; SIGUSR1: publish
     state = {
         "model": accelerator.unwrap_model(model).state_dict(),
         "optimizer": optimizer.state_dict(),

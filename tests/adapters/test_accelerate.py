@@ -2,7 +2,7 @@
 store on moto's S3 server: a publish and a resume onto a fresh directory give back the model,
 the optimizer, the scheduler and the RNG bit for bit; a changed config is refused with its
 field named; a code-running optimizer.bin is refused before anything loads it; a half-written
-local state is skipped; a publish inside the context goes to the snapshot worker; a SIGTERM at
+local state is skipped; a snapshot request (SIGUSR1) publishes on the snapshot worker; a SIGTERM at
 a step boundary publishes, prints the stop line and exits 42, and leaves no handler, store
 deadline or thread behind."""
 
@@ -223,12 +223,14 @@ def test_a_half_written_local_state_is_skipped_for_the_store(
 def test_sigterm_at_a_step_boundary_publishes_and_exits_42(
     tmp_path: Path, fresh: Any, store: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    before = signal.getsignal(signal.SIGTERM)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
     accelerator, model, optimizer, scheduler = fresh()
     with AccelerateRun(accelerator, tmp_path / "a", **store) as rp:
         train(accelerator, model, optimizer, scheduler, 1)
-        # Inside the context a publish goes to the runtime's snapshot worker.
-        assert rp.publish(step=1) is None
+        # A snapshot request: published at the boundary, on the runtime's snapshot worker.
+        os.kill(os.getpid(), signal.SIGUSR1)
+        rp.check(step=1)
+        assert rp.uploads == [] or rp.uploads[-1]["step"] == 1
         train(accelerator, model, optimizer, scheduler, 1)
         assert rp.wait(60)
         assert rp.uploads[-1]["ok"] and rp.uploads[-1]["step"] == 1
@@ -245,7 +247,7 @@ def test_sigterm_at_a_step_boundary_publishes_and_exits_42(
         "exiting 42 (resumable)"
     )
     # Nothing of the run is left behind: the handler, the store deadline, the worker thread.
-    assert signal.getsignal(signal.SIGTERM) == before
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == before
     assert deadline_left() is None
     assert rp.worker is None
     assert not [t for t in threading.enumerate() if t.name == "rp-snapshots"]

@@ -7,8 +7,7 @@
             ...                                    # forward, backward, optimizer.step()
             if (step + 1) % 100 == 0:
                 rp.publish(step=step + 1)          # save_state, then one restore point
-            if rp.should_stop():                   # a stop signal, on any process
-                rp.stop(step=step + 1)             # publish, the stop line, exit 42
+            rp.check(step=step + 1)                # a stop: publish, exit 42; SIGUSR1: publish
 
 ``publish_state`` and ``resume_state`` are the same two calls without the context (and its
 stop handler).
@@ -27,11 +26,12 @@ stop handler).
   Accelerate loads with ``weights_only=False``) passes the allowlist scan (``safe_load``)
   before ``accelerator.load_state``. A refusal is one line and exit 3 (1 for an unsafe
   pickle), never a silent fresh start.
+- **Inside ``with``**: publishes run on the runtime's snapshot worker while training goes on.
 - **Stop**: the runtime's signal flags (SIGTERM, SIGINT, ``$SUBMITIT_PREEMPT_SIGNAL`` or
-  SIGUSR2); ``should_stop()`` agrees across processes at a step boundary, ``stop()`` publishes
-  (the store's retries bounded by ``upload_timeout``), prints the runtime's stop line, leaves
-  the stop marker (``accelerate launch`` turns a worker's 42 into 1; ``restorepoint run``
-  maps it back) and exits 42.
+  SIGUSR2; SIGUSR1 a snapshot request); ``check()`` (or ``should_stop()``) agrees across
+  processes at a step boundary, ``stop()`` publishes (within ``upload_timeout``), prints the
+  runtime's stop line, leaves the stop marker (``accelerate launch`` turns a worker's 42
+  into 1; ``restorepoint run`` maps it back) and exits 42.
 """
 
 from __future__ import annotations

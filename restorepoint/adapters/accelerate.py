@@ -38,20 +38,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import os
-import secrets
-import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .._posix import atomic_write, fsync_dir, signal_number
+from .._posix import signal_number
 from .._text import printable
 from ..errors import (
     IncompatibleRestorePoint,
@@ -63,23 +60,16 @@ from ..errors import (
 )
 from ..format import Manifest, Position
 from ..ops import Expectations, describe
-from ..ops.gate import decide, refuse
 from ..ops.publish import HeadSpec, PackOptions, publish
-from ..ops.resume import choose, read_head_file, resume_import
 from ..ops.store import KeepBest
 from ..runtime.contract import (
     EXIT_RESUMABLE,
     KEEP_BEST_ENV,
-    READY_ENV,
-    REFUSED_FILE,
-    RESUME_DIR_ENV,
-    RESUME_HEAD_ENV,
     RESUME_URL_ENV,
     STORE_ENV,
     leave_stop_marker,
     report_ready,
 )
-from ..runtime.safe_load import check_loadable
 from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
 from ..runtime.stop import stop_message
 from ..runtime.worker import SnapshotWorker
@@ -92,13 +82,20 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without accelerate
     raise MissingExtra("accelerate", "transformers", "the accelerate adapter") from exc
 
+from ._accelerate_resume import (
+    check_pickles,
+    choose_state,
+    import_share,
+    record_position,
+    refused,
+    take_handed,
+    write_imported,
+)
 from ._accelerate_state import (
     ACCELERATE_HINTS,
     STATE_RECORD,
     StateRecord,
-    pickles,
     rank_of,
-    state_files,
     view_for,
 )
 
@@ -375,27 +372,27 @@ class AccelerateRun:
         gated import); every pickle scanned, then ``accelerator.load_state``. Returns the
         position resumed at, or None (nothing to resume: training starts fresh). Collective."""
         try:
-            chosen = self._together(self._choose if self.is_main else lambda: None)
+            chosen = self._together(lambda: choose_state(self) if self.is_main else None)
             kind, where = self._broadcast(chosen) or (None, "")
             if kind is None:
                 if self.is_main:
                     log.warning("no state in %s%s: starting fresh", self.directory, self._also())
                 return None
             if kind == "store":
-                self._together(lambda: self._import(where))
+                self._together(lambda: import_share(self, where))
                 self._barrier()
-                self._together(lambda: self._write_imported() if self.is_main else None)
+                self._together(lambda: write_imported(self) if self.is_main else None)
                 where = str(self.directory)
             elif kind == "handed":
-                self._together(lambda: self._take_handed(Path(where)) if self.is_main else None)
+                self._together(lambda: take_handed(self, Path(where)) if self.is_main else None)
                 where = str(self.directory)
             path = Path(where)
-            self._together(lambda: self._check_pickles(path))
-            position: Position = self._together(lambda: self._record_position(path))
+            self._together(lambda: check_pickles(self, path))
+            position: Position = self._together(lambda: record_position(path))
         except RestorePointError as exc:
             if not self.exit_on_refusal:
                 raise
-            raise self._refused(exc) from None
+            raise refused(self, exc) from None
         self.accelerator.load_state(str(path))
         if self.is_main:
             source = str(path) if kind == "local" else f"{self._url}, imported into {path}"
@@ -412,158 +409,6 @@ class AccelerateRun:
 
     def _also(self) -> str:
         return f" and no restore point in {self.store}" if self.store is not None else ""
-
-    def _choose(self) -> tuple[str, str] | None:
-        handed = os.environ.get(RESUME_DIR_ENV)
-        if handed and Path(handed).is_dir() and state_files(Path(handed)):
-            # restorepoint run --resume-from imported it: gated here again with what only
-            # this run knows (its config, trainer, world size), against the head handed over.
-            head_file = os.environ.get(RESUME_HEAD_ENV) or handed + ".head.json"
-            self._imported = read_head_file(head_file)
-            url = os.environ.get(RESUME_URL_ENV) or handed
-            view = replace(self.view, world_size=self.world)
-            result = decide(url, self._imported, [view], strict=True, hints=ACCELERATE_HINTS)
-            if not result.compatible:
-                raise refuse(result)
-            return ("handed", handed)
-        local = self._newest_local()
-        local_step = local[1] if local is not None else -1
-        if self.store is not None:
-            assert self.run is not None
-            view = replace(self.view, world_size=self.world)
-            entry = choose(
-                self.store,
-                run=self.run,
-                views=[view],
-                accept_older=self.accept_older,
-                trust=self.trust,
-                storage_options=self.options.storage_options,
-                hints=ACCELERATE_HINTS,
-            )
-            if entry is not None and entry.step > local_step:
-                return ("store", entry.url)
-        if local is not None:
-            return ("local", str(local[0]))
-        return None
-
-    def _newest_local(self) -> tuple[Path, int] | None:
-        """The complete state directory (DIR, or one directly under it) of the highest step,
-        gated; an incomplete one is skipped, a refused one is a refusal."""
-        found: list[tuple[int, Path, StateRecord]] = []
-        candidates = [self.directory]
-        if self.directory.is_dir():
-            candidates += sorted(
-                p for p in self.directory.iterdir() if p.is_dir() and not p.name.startswith(".")
-            )
-        for path in candidates:
-            record = StateRecord.read(path)
-            if record is not None:
-                found.append((record.position.step, path, record))
-        for step, path, record in sorted(found, key=lambda f: -f[0]):
-            problem = record.incomplete(path)
-            if problem is not None:
-                log.warning("skipping the state in %s: %s", path, problem)
-                continue
-            result = decide(
-                str(path), record.head, [self.view], strict=True, hints=ACCELERATE_HINTS
-            )
-            if not result.compatible:
-                raise refuse(result)
-            if record.world_size != self.world:
-                raise IncompatibleRestorePoint(
-                    f"refused: the state was saved by {record.world_size} processes, "
-                    f"this run has {self.world}",
-                    url=str(path),
-                )
-            return path, step
-        return None
-
-    def _import(self, url: str) -> None:
-        """This process's share of the restore point (the shared part and its own), imported
-        through the gated import beside DIR, scanned, then moved into DIR."""
-        self._url = url
-        self.directory.mkdir(parents=True, exist_ok=True)
-        staging = self.directory.parent / (
-            f".{self.directory.name}.import-{secrets.token_hex(6)}-{self.rank}"
-        )
-        try:
-            result = resume_import(
-                url,
-                staging,
-                views=[replace(self.view, world_size=self.world)],
-                trust=self.trust,
-                storage_options=self.options.storage_options,
-                hints=ACCELERATE_HINTS,
-                rank=self.rank if self.world > 1 else None,
-                world_size=self.world,
-            )
-            self._imported = result.manifest
-            names = state_files(staging)
-            # Checked where they lie, before they take the state's names.
-            for name in pickles(names):
-                check_loadable(staging / name, extra_globals=self.safe_globals)
-            if self.is_main:
-                (self.directory / STATE_RECORD).unlink(missing_ok=True)
-            for name in names:
-                os.replace(staging / name, self.directory / name)
-            fsync_dir(self.directory)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-
-    def _take_handed(self, handed: Path) -> None:
-        """The supervisor's import (every process's files), scanned, then copied into DIR
-        (renamed into place file by file: the import may lie on another file system) and
-        recorded."""
-        names = state_files(handed)
-        for name in pickles(names):
-            check_loadable(handed / name, extra_globals=self.safe_globals)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / STATE_RECORD).unlink(missing_ok=True)
-        for name in names:
-            staging = self.directory / f".{name}.{secrets.token_hex(6)}"
-            try:
-                shutil.copyfile(handed / name, staging)
-                os.replace(staging, self.directory / name)
-            finally:
-                staging.unlink(missing_ok=True)
-        fsync_dir(self.directory)
-        self._write_imported()
-
-    def _write_imported(self) -> None:
-        """The record of the imported state: the local directory is complete at its step."""
-        assert self._imported is not None
-        self._write_record(self._imported.position)
-
-    def _check_pickles(self, path: Path) -> None:
-        """The pickles this process loads, each through the allowlist scan: the main process
-        every shared one and its own, every other process its own."""
-        names = [
-            n for n in pickles(state_files(path))
-            if rank_of(n) == self.rank or (self.is_main and rank_of(n) is None)
-        ]  # fmt: skip
-        for name in names:
-            check_loadable(path / name, extra_globals=self.safe_globals)
-
-    def _record_position(self, path: Path) -> Position:
-        record = StateRecord.read(path)
-        if record is None:
-            raise IntegrityError("the state record is gone", url=str(path))
-        return record.position
-
-    def _refused(self, exc: RestorePointError) -> SystemExit:
-        """One line (and the mismatches) on stderr, the refused fields for the supervisor's
-        telemetry, and the error's exit code (3 for a refusal)."""
-        if self.is_main:
-            lines = [f"restorepoint: error: {printable(str(exc))}"]
-            lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
-            print("\n".join(lines), file=sys.stderr, flush=True)
-            ready = os.environ.get(READY_ENV)
-            if ready and isinstance(exc, IncompatibleRestorePoint):
-                fields = [m["field"] for m in getattr(exc, "mismatches", ())]
-                doc = {"class": type(exc).__name__, "fields": fields, "pid": os.getpid()}
-                with contextlib.suppress(OSError):
-                    atomic_write(Path(ready) / REFUSED_FILE, json.dumps(doc).encode() + b"\n")
-        return SystemExit(exc.exit_code)
 
     # -- the stop contract -----------------------------------------------------------------------
 

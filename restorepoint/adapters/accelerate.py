@@ -62,6 +62,7 @@ from ..format import Manifest, Position
 from ..ops import Expectations, describe
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.store import KeepBest
+from ..ops.verify import verify
 from ..runtime.contract import (
     EXIT_RESUMABLE,
     KEEP_BEST_ENV,
@@ -515,7 +516,21 @@ class AccelerateRun:
             return (
                 f"the publish failed ({exc}): the store's previous restore point stays the newest"
             )
-        return f"restore point published to {url}"
+        except OSError as exc:
+            return f"the state was not saved ({exc}): the store's previous restore point stays"
+        assert url is not None
+        return self._read_back(url)
+
+    def _read_back(self, url: str) -> str:
+        """The main process reads the stop's restore point back, end to end, before the stop
+        counts it as published (spec 16.7); where it went, in the stop line's words."""
+        if not self.is_main:
+            return f"restore point published to {url}"
+        try:
+            verify(url, storage_options=self.options.storage_options)
+        except RestorePointError as exc:
+            return f"restore point published to {url}, but reading it back failed ({exc})"
+        return f"restore point published to {url} and verified"
 
     def stop(
         self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None

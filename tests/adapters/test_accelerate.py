@@ -243,8 +243,8 @@ def test_sigterm_at_a_step_boundary_publishes_and_exits_42(
     entry, periodic = list_store(store["store"], storage_options=store["storage_options"])
     assert (entry.step, periodic.step) == (2, 1)
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"restorepoint: stop (SIGTERM) at step 2: restore point published to {entry.url}; "
-        "exiting 42 (resumable)"
+        f"restorepoint: stop (SIGTERM) at step 2: restore point published to {entry.url} and "
+        "verified; exiting 42 (resumable)"
     )
     # Nothing of the run is left behind: the handler, the store deadline, the worker thread.
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == before

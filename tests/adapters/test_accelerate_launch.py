@@ -114,7 +114,7 @@ def test_two_processes_one_multipart_restore_point_sigterm_42_and_a_bit_for_bit_
     stop = [ln for ln in stderr_text.splitlines() if ln.startswith("restorepoint: stop (")]
     assert stop == [
         f"restorepoint: stop (SIGTERM) at step {entry.step}: restore point published to "
-        f"{entry.url}; exiting 42 (resumable)"
+        f"{entry.url} and verified; exiting 42 (resumable)"
     ]
 
     # Another machine: a fresh directory, the same store.

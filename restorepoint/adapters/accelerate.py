@@ -551,6 +551,9 @@ class AccelerateRun:
         with contextlib.suppress(OSError, ValueError):
             leave_stop_marker({"rank": self.rank, "run": self.run, "step": step})
         self.flags.chain(taken)
+        # Every process ends together: a launcher that sees one exit first stops the others,
+        # and the main process may still be reading the restore point back.
+        self._barrier()
         raise SystemExit(EXIT_RESUMABLE)
 
 

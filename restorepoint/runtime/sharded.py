@@ -30,9 +30,10 @@ from ..ops import Expectations
 from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.resume import resume_import
 from ..ops.spec import HeadSpec, PackOptions
+from ..ops.store import KeepBest
 from ..trust import Trust
 
-__all__ = ["METADATA_FILE", "import_dcp", "publish_dcp"]
+__all__ = ["METADATA_FILE", "import_dcp", "publish_dcp", "publish_ranks"]
 
 #: What DCP's coordinator (rank 0) writes beside its data files: every rank needs it.
 METADATA_FILE = ".metadata"
@@ -57,18 +58,52 @@ def publish_dcp(  # noqa: PLR0913 - the checkpoint, store, head, and the publish
     """Publish this rank's DCP files as its part, rank 0's ``.metadata`` as the shared part,
     and (rank 0, once every part is in) the commit. Returns the commit's URL on every rank;
     raises on every rank when any rank's part failed (then no commit was published)."""
+    files = sorted(os.listdir(checkpoint_dir))
+    return publish_ranks(
+        checkpoint_dir,
+        store,
+        head,
+        own=[f for f in files if f != METADATA_FILE],
+        shared=[METADATA_FILE],
+        reshardable=True,
+        options=options,
+        keep_last=keep_last,
+        group=group,
+    )
+
+
+def publish_ranks(  # noqa: PLR0913 - the directory, store, head, who holds what, the options
+    checkpoint_dir: str | os.PathLike[str],
+    store: str,
+    head: HeadSpec,
+    *,
+    own: Sequence[str],
+    shared: Sequence[str] = (),
+    reshardable: bool = False,
+    options: PackOptions = PackOptions(),
+    keep_last: int | None = None,
+    keep_best: KeepBest | None = None,
+    group: Any = None,
+) -> str:
+    """One multi-part restore point of a directory every rank wrote into (spec section 25),
+    collective over ``group``: each rank publishes its files ``own`` as its part, rank 0 also
+    ``shared`` (given on rank 0; none: no shared part) as the shared part, and rank 0, once
+    every part is in, the commit. Returns the commit's URL on every rank; raises on every rank
+    when any rank's part failed (then no commit was published). DCP's checkpoints and
+    Accelerate's state directories go out this way."""
     dist = torch.distributed
     rank, world = _world(group)
     alone = world == 1 and not dist.is_initialized()
-    box: list[Any] = [CommitPlan.new(world, reshardable=True).to_dict() if rank == 0 else None]
+    box: list[Any] = [
+        CommitPlan.new(world, reshardable=reshardable).to_dict() if rank == 0 else None
+    ]
     if not alone:
         dist.broadcast_object_list(box, src=0, group=group)
     plan = CommitPlan.from_dict(box[0])
-    files = sorted(os.listdir(checkpoint_dir))
     # With a prune after the commit each rank reads its own part back (spec 25.5); an
     # encrypted part can't be read back without a recipient's key, and the prune then reads
     # every part as usual.
-    check = keep_last is not None and not options.encrypt_to
+    check = (keep_last is not None or keep_best is not None) and not options.encrypt_to
     refs: list[dict[str, Any]] = []
     error = ""
 
@@ -85,9 +120,9 @@ def publish_dcp(  # noqa: PLR0913 - the checkpoint, store, head, and the publish
         ).to_dict()
 
     try:
-        refs.append(part([f for f in files if f != METADATA_FILE], rank))
-        if rank == 0:
-            refs.append(part([METADATA_FILE], None))
+        refs.append(part(list(own), rank))
+        if rank == 0 and shared:
+            refs.append(part(list(shared), None))
     except RestorePointError as exc:
         error = f"rank {rank}: {type(exc).__name__}: {exc.message}"
     gathered: list[Any] = [(refs, error)] if alone else [None] * world
@@ -99,7 +134,14 @@ def publish_dcp(  # noqa: PLR0913 - the checkpoint, store, head, and the publish
         try:
             every = [PartRef(**r) for got, _ in gathered for r in got]
             result[0] = publish_commit(
-                store, head, plan, every, options, keep_last=keep_last, parts_verified=check
+                store,
+                head,
+                plan,
+                every,
+                options,
+                keep_last=keep_last,
+                keep_best=keep_best,
+                parts_verified=check,
             ).url
         except RestorePointError as exc:
             errors.append(f"commit: {type(exc).__name__}: {exc.message}")

@@ -1,0 +1,582 @@
+"""Accelerate: ``accelerator.save_state`` directories as restore points (docs/adapters.md,
+"Accelerate").
+
+    with AccelerateRun(accelerator, "state", store="s3://bucket/runs/", config=cfg) as rp:
+        start = rp.resume()                        # the newest complete state, or None
+        for step in range(start.step if start else 0, total):
+            ...                                    # forward, backward, optimizer.step()
+            if (step + 1) % 100 == 0:
+                rp.publish(step=step + 1)          # save_state, then one restore point
+            rp.check(step=step + 1)                # a stop: publish, exit 42; SIGUSR1: publish
+
+``publish_state`` and ``resume_state`` are the same two calls without the context (and its
+stop handler).
+
+- **Publish**: ``accelerator.save_state(DIR)`` on every process, then the state record
+  (``restorepoint-state.json``: the head with the position, and each file's size and sha256)
+  once every process saved, then the files through the one publish path: ``ops.publish`` for
+  one process; under ``accelerate launch`` with N processes one multi-part restore point
+  (``runtime.sharded.publish_ranks``): each process's ``random_states_R.pkl`` is its part,
+  the rest (weights, optimizer, scheduler, custom checkpoints) the shared part, one commit.
+- **Resume**: the newest complete state directory (``DIR`` or one directly under it: its
+  record there, gated, and its files matching the record), unless the store holds a newer
+  restore point of the run, which is imported through the gated import (each process the
+  shared part and its own). Every pickle Accelerate loads with torch.load (``*.bin``,
+  ``*.pkl``, ``*.pt``, ``*.pth``: optimizer, scheduler, RNG states, custom checkpoints, which
+  Accelerate loads with ``weights_only=False``) passes the allowlist scan (``safe_load``)
+  before ``accelerator.load_state``. A refusal is one line and exit 3 (1 for an unsafe
+  pickle), never a silent fresh start.
+- **Inside ``with``**: publishes run on the runtime's snapshot worker while training goes on.
+- **Stop**: the runtime's signal flags (SIGTERM, SIGINT, ``$SUBMITIT_PREEMPT_SIGNAL`` or
+  SIGUSR2; SIGUSR1 a snapshot request); ``check()`` (or ``should_stop()``) agrees across
+  processes at a step boundary, ``stop()`` publishes (within ``upload_timeout``), prints the
+  runtime's stop line, leaves the stop marker (``accelerate launch`` turns a worker's 42
+  into 1; ``restorepoint run`` maps it back) and exits 42.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .._posix import signal_number
+from .._text import printable
+from ..errors import (
+    IncompatibleRestorePoint,
+    IntegrityError,
+    MissingExtra,
+    RestorePointError,
+    StorageError,
+    UsageError,
+)
+from ..format import Manifest, Position
+from ..ops import Expectations, describe
+from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.store import KeepBest
+from ..ops.verify import verify
+from ..runtime.contract import (
+    EXIT_RESUMABLE,
+    KEEP_BEST_ENV,
+    RESUME_URL_ENV,
+    STORE_ENV,
+    leave_stop_marker,
+    report_ready,
+)
+from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
+from ..runtime.stop import stop_message
+from ..runtime.worker import SnapshotWorker
+from ..storage import store_deadline
+from ..trust import Trust
+
+try:
+    import torch
+    from accelerate import __version__ as _ACCELERATE_VERSION  # type: ignore[import-untyped]
+except ImportError as exc:  # pragma: no cover - exercised without accelerate
+    raise MissingExtra("accelerate", "transformers", "the accelerate adapter") from exc
+
+from ._accelerate_resume import (
+    check_pickles,
+    choose_state,
+    import_share,
+    record_position,
+    refused,
+    take_handed,
+    write_imported,
+)
+from ._accelerate_state import (
+    ACCELERATE_HINTS,
+    STATE_RECORD,
+    StateRecord,
+    rank_of,
+    view_for,
+)
+
+__all__ = [
+    "ACCELERATE_HINTS",
+    "STATE_RECORD",
+    "AccelerateRun",
+    "local_view",
+    "publish_state",
+    "resume_state",
+]
+
+log = logging.getLogger("restorepoint.accelerate")
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A saved state to publish: its files, its head, its step."""
+
+    files: list[str]
+    head: HeadSpec
+    step: int
+
+
+def local_view(
+    config: Mapping[str, Any] | None = None,
+    cache_keys: Mapping[str, str] | None = None,
+    cache_root: str | None = None,
+    terms: Mapping[str, str] | None = None,
+) -> Expectations:
+    """What an Accelerate run here expects of a restore point: the installed Accelerate (the
+    trainer ``accelerate=VERSION``), the terms detected here (torch, CUDA where present,
+    accelerate) and ``terms``, the cache root and keys given, and the config."""
+    return view_for(str(_ACCELERATE_VERSION), config, cache_keys, cache_root, terms)
+
+
+class AccelerateRun:
+    """Restore points of one Accelerate run: ``publish`` (save_state, then publish),
+    ``resume`` (the newest complete state, local or from the store, gated and scanned, then
+    load_state), and, as a context manager, the stop contract (``should_stop``, ``stop``).
+
+    ``store`` (else ``$RESTOREPOINT_STORE``, what ``restorepoint run`` hands down, when
+    ``run`` or ``config`` names the run), ``run``/``config`` (the run's name is ``cfg-`` and
+    the config identity when only a config is given), ``operational`` (config keys left out of
+    the identity), ``keep_last``, ``keep_best`` with ``metric`` and ``mode``, ``cache_keys``,
+    ``cache_root``, ``terms``, ``trust`` and ``accept_older`` (the gated import's),
+    ``safe_globals`` (classes a pickle may name, that the caller vouches for),
+    ``exit_on_refusal`` (a resume's error is one line and its exit code: 3 for a refusal),
+    ``stop_signals``, ``upload_timeout`` (the stop's publish) and ``pack_options`` (the fields
+    of ``PackOptions``: ``level``, ``storage_options``, ``sign``, ...)."""
+
+    def __init__(  # noqa: PLR0913 - public API: the documented keyword options
+        self,
+        accelerator: Any,
+        directory: str | os.PathLike[str],
+        *,
+        store: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        run: str | None = None,
+        operational: Sequence[str] = (),
+        keep_last: int | None = None,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: str | None = None,
+        cache_keys: Mapping[str, str] | None = None,
+        cache_root: str | None = None,
+        terms: Mapping[str, str] | None = None,
+        trust: Trust | None = None,
+        accept_older: bool = False,
+        safe_globals: Sequence[Callable[..., Any]] = (),
+        exit_on_refusal: bool = True,
+        stop_signals: Sequence[int | str] | None = None,
+        upload_timeout: float = 300.0,
+        background_nice: int | None = 19,
+        **pack_options: Any,
+    ) -> None:
+        self.accelerator = accelerator
+        self.directory = Path(directory)
+        self.config = dict(config) if config is not None else None
+        self.operational = tuple(operational)
+        self.view = local_view(self.config, cache_keys, cache_root, terms)
+        if store is None:
+            store = os.environ.get(STORE_ENV) or None
+            if store is not None and run is None and config is None:
+                log.warning("%s is set, but neither run= nor config= names the run", STORE_ENV)
+                store = None
+        self.store = store if store is None or store.endswith("/") else store + "/"
+        # describe validates the config (JSON data) and the run name, once, here.
+        self.run = describe(
+            position=0, config=self.config, operational_keys=self.operational, run=run
+        ).run
+        if self.store is not None and self.run is None:
+            raise UsageError("a store needs a run: give run= or config=")
+        self.keep_last = keep_last
+        self.keep_best = KeepBest.of(keep_best, metric, mode, "metric=")
+        if self.keep_best is None and os.environ.get(KEEP_BEST_ENV):
+            # restorepoint run --keep-best: the supervisor's retention, when none is given.
+            self.keep_best = KeepBest.from_text(os.environ[KEEP_BEST_ENV])
+        try:
+            self.options = PackOptions(**pack_options)
+        except TypeError as exc:
+            raise UsageError(f"AccelerateRun: {exc}") from None
+        self.trust = trust
+        self.accept_older = accept_older
+        self.safe_globals = tuple(safe_globals)
+        self.exit_on_refusal = exit_on_refusal
+        self.upload_timeout = upload_timeout
+        stops = [signal_number(s) for s in (stop_signals or default_stop_signals())]
+        self.flags = SignalFlags(int(signal.SIGUSR1), stops)
+        self._ready: Path | None = None
+        #: What each publish did: ``{"step", "ok", "url" or "error"}``, newest last.
+        self.uploads: list[dict[str, Any]] = []
+        self._url = ""
+        self._imported: Manifest | None = None
+        self._nice = background_nice
+        #: Inside ``with``: the runtime's snapshot worker, which publishes while training
+        #: goes on, and (several processes) the gloo group its collectives go over, so that
+        #: they never meet the training thread's.
+        self.worker: SnapshotWorker[_Job] | None = None
+        self._group: Any = None
+
+    # -- the processes ---------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return int(self.accelerator.process_index)
+
+    @property
+    def world(self) -> int:
+        return int(self.accelerator.num_processes)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _barrier(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+    def _gather(self, value: Any) -> list[Any]:
+        if self.world == 1:
+            return [value]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, value)
+        return out
+
+    def _broadcast(self, value: Any) -> Any:
+        if self.world == 1:
+            return value
+        box = [value if self.is_main else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _together(self, work: Callable[[], Any]) -> Any:
+        """Run ``work`` on every process; when it failed on any, raise on every one (this
+        process's own error, or the first other's), so that no process waits alone in a
+        collective."""
+        error: Exception | None = None
+        result = None
+        try:
+            result = work()
+        except Exception as exc:  # whatever it is, the other processes must hear of it
+            error = exc
+        code = error.exit_code if isinstance(error, RestorePointError) else 1
+        said = None if error is None else (code, f"rank {self.rank}: {error}")
+        failed = [s for s in self._gather(said) if s is not None]
+        if error is not None:
+            raise error
+        if failed:
+            code, message = failed[0]
+            cls = {1: IntegrityError, 2: UsageError, 3: IncompatibleRestorePoint}
+            raise cls.get(code, StorageError)(message)
+        return result
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    def head(self, position: Position, metrics: Mapping[str, float] | None = None) -> HeadSpec:
+        return HeadSpec.from_view(
+            self.view, position, operational_keys=self.operational, run=self.run,
+            metrics=metrics,
+        )  # fmt: skip
+
+    def publish(
+        self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
+    ) -> str | None:
+        """``accelerator.save_state(DIR)``, the state record, then (with a store) one restore
+        point of it at ``step``/``epoch``: collective, every process calls it. Outside
+        ``with``: published now; returns its URL (None without a store) and raises on every
+        process when it could not be published (the store's previous restore point stays the
+        newest). Inside ``with``: handed to the snapshot worker, which publishes while
+        training goes on (``wait``; each outcome in ``uploads``, a failure logged and training
+        goes on); returns None. Either way the publish before is awaited first: its files
+        are not saved over while they are read."""
+        self.wait()
+        files = self._save(Position(step, epoch))
+        if self.store is None:
+            return None
+        job = _Job(files, self.head(Position(step, epoch), metrics), step)
+        if self.worker is not None:
+            self.worker.submit(job)
+            return None
+        return self._publish_job(job, raise_errors=True)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the publishes handed to the worker are done; False on timeout."""
+        return self.worker.wait(timeout) if self.worker is not None else True
+
+    def _save(self, position: Position) -> list[str]:
+        """save_state on every process, then the record (the main process): the files."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.is_main:
+            # A save killed midway leaves a directory without a record: not complete.
+            (self.directory / STATE_RECORD).unlink(missing_ok=True)
+        self.accelerator.save_state(str(self.directory))
+        self._barrier()
+        files = self._together(lambda: self._write_record(position) if self.is_main else None)
+        return list(self._broadcast(files))
+
+    def _work(self, job: _Job) -> None:
+        self._publish_job(job)
+
+    def _publish_job(self, job: _Job, *, raise_errors: bool = False) -> str | None:
+        """Publish one saved state (the worker's job: a failure is recorded, never raised)."""
+        try:
+            url = self._publish(job.files, job.head)
+        except Exception as exc:
+            self.uploads.append({"step": job.step, "ok": False, "error": str(exc)})
+            if raise_errors:
+                raise
+            log.warning("publishing the state at step %d failed: %s", job.step, exc)
+            return None
+        self.uploads.append({"step": job.step, "ok": True, "url": url})
+        return url
+
+    def _write_record(self, position: Position) -> list[str]:
+        return StateRecord.write(self.directory, self.head(position).manifest, self.world)
+
+    def _publish(self, files: list[str], head: HeadSpec) -> str:
+        store = self.store or ""
+        if self.world == 1:
+            result = publish(
+                self.directory,
+                store,
+                head,
+                self.options,
+                include=files,
+                keep_last=self.keep_last,
+                keep_best=self.keep_best,
+            )
+            if result.prune_error is not None:
+                log.warning("the prune after %s failed: %s", result.url, result.prune_error)
+            return result.url
+        from ..runtime.sharded import publish_ranks
+
+        own = [f for f in files if rank_of(f) == self.rank]
+        if not own:
+            raise UsageError(f"process {self.rank} saved no random_states_{self.rank}.pkl")
+        return publish_ranks(
+            self.directory,
+            store,
+            head,
+            own=own,
+            shared=[f for f in files if rank_of(f) is None],
+            options=self.options,
+            keep_last=self.keep_last,
+            keep_best=self.keep_best,
+            group=self._group,
+        )
+
+    # -- resuming --------------------------------------------------------------------------------
+
+    def resume(self) -> Position | None:
+        """Restore the newest state of the run: the newest complete local state directory, or
+        the store's newest restore point when it is further on (imported into DIR through the
+        gated import); every pickle scanned, then ``accelerator.load_state``. Returns the
+        position resumed at, or None (nothing to resume: training starts fresh). Collective."""
+        try:
+            chosen = self._together(lambda: choose_state(self) if self.is_main else None)
+            kind, where = self._broadcast(chosen) or (None, "")
+            if kind is None:
+                if self.is_main:
+                    log.warning("no state in %s%s: starting fresh", self.directory, self._also())
+                return None
+            if kind == "store":
+                self._together(lambda: import_share(self, where))
+                self._barrier()
+                self._together(lambda: write_imported(self) if self.is_main else None)
+                where = str(self.directory)
+            elif kind == "handed":
+                self._together(lambda: take_handed(self, Path(where)) if self.is_main else None)
+                where = str(self.directory)
+            path = Path(where)
+            self._together(lambda: check_pickles(self, path))
+            position: Position = self._together(lambda: record_position(path))
+        except RestorePointError as exc:
+            if not self.exit_on_refusal:
+                raise
+            raise refused(self, exc) from None
+        self.accelerator.load_state(str(path))
+        if self.is_main:
+            source = str(path) if kind == "local" else f"{self._url}, imported into {path}"
+            if kind == "handed":
+                source = f"{os.environ.get(RESUME_URL_ENV) or 'an import'}, handed over by "
+                source += f"restorepoint run, copied into {path}"
+            print(
+                f"restorepoint: resumed from {printable(source)}: step {position.step}, "
+                f"epoch {position.epoch}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return position
+
+    def _also(self) -> str:
+        return f" and no restore point in {self.store}" if self.store is not None else ""
+
+    # -- the stop contract -----------------------------------------------------------------------
+
+    def __enter__(self) -> AccelerateRun:
+        if self.store is not None:
+            if self.world > 1:
+                # Collective: every process enters the context together.
+                self._group = torch.distributed.new_group(
+                    backend="gloo",
+                    timeout=datetime.timedelta(seconds=max(self.upload_timeout, 60.0)),
+                )
+            self.worker = SnapshotWorker(self._work, nice=self._nice)
+            self.worker.start()
+        self.flags.install()
+        self._report_up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ready is not None:
+            with contextlib.suppress(OSError):
+                self._ready.unlink()
+            self._ready = None
+        try:
+            if self.worker is not None and not self.worker.finish(self.upload_timeout):
+                log.warning(
+                    "a publish was still running after %.0f s; leaving it", self.upload_timeout
+                )
+        finally:
+            self.worker = None
+            self.flags.restore()
+
+    def _report_up(self) -> None:
+        """Under ``restorepoint run``: the handlers are installed, so the supervisor may signal
+        this process (a stop: SIGTERM; a snapshot notice: SIGUSR1), and it waits for the run's
+        new restore point (docs/preempt.md, "The ready-file protocol")."""
+        doc = {
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "run": self.run,
+            "run_dir": str(self.directory.resolve()),
+            "snapshot_signal": self.flags.snapshot_signal,
+        }
+        with contextlib.suppress(OSError):
+            self._ready = report_ready(doc)
+
+    def check(
+        self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
+    ) -> None:
+        """The step boundary, in one call on every process (a collective with several): a
+        stop (SIGTERM, ...) on any process is ``stop``; a snapshot request (SIGUSR1: a
+        supervisor's snapshot notice, ``restorepoint snapshot``) on any is a ``publish``, and
+        training goes on."""
+        snapshot, stop = self._agree()
+        if stop:
+            self.stop(step=step, epoch=epoch, metrics=metrics)
+        if snapshot:
+            # Taken before the publish: a request during it gets one of its own next time.
+            self.flags.snapshot = False
+            received = self.flags.take({self.flags.snapshot_signal})
+            self.publish(step=step, epoch=epoch, metrics=metrics)
+            self.flags.chain(received)
+
+    def _agree(self) -> tuple[bool, bool]:
+        """The flags or-ed across the processes: every one acts at the same step."""
+        snapshot, stop = self.flags.snapshot, self.flags.stop
+        if self.world > 1:
+            device = self.accelerator.device
+            flags = torch.tensor([int(snapshot), int(stop)], dtype=torch.int64, device=device)
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            snapshot, stop = bool(flags[0]), bool(flags[1])
+        return snapshot, stop
+
+    def should_stop(self) -> bool:
+        """Whether a stop was asked for (a stop signal, or ``request_stop``) on any process:
+        call it at a step boundary, on every process (with several, it is a collective).
+        (``check`` also takes snapshot requests.)"""
+        return self._agree()[1]
+
+    def request_stop(self) -> None:
+        """Ask for a stop, as a stop signal does."""
+        self.flags.stop = True
+
+    def _final_publish(
+        self, position: Position, metrics: Mapping[str, float] | None, deadline: float
+    ) -> str:
+        """The stop's publish, on this thread, once the worker's is done: where it went."""
+        if self.worker is not None:
+            self.worker.unthrottle()
+        # Every process waits for its own worker: they agree on whether all were done.
+        done = self._gather(self.wait(max(0.0, deadline - time.monotonic())))
+        if not all(done):
+            return (
+                f"the publish in hand did not land within upload_timeout "
+                f"({self.upload_timeout:g} s): the state at the stop was not saved over it, "
+                "and the store's previous restore point stays the newest"
+            )
+        try:
+            files = self._save(position)
+            if self.store is None:
+                return f"state saved in {self.directory} (no store)"
+            job = _Job(files, self.head(position, metrics), position.step)
+            url = self._publish_job(job, raise_errors=True)
+        except RestorePointError as exc:
+            return (
+                f"the publish failed ({exc}): the store's previous restore point stays the newest"
+            )
+        except OSError as exc:
+            return f"the state was not saved ({exc}): the store's previous restore point stays"
+        assert url is not None
+        return self._read_back(url)
+
+    def _read_back(self, url: str) -> str:
+        """The main process reads the stop's restore point back, end to end, before the stop
+        counts it as published (spec 16.7); where it went, in the stop line's words."""
+        if not self.is_main:
+            return f"restore point published to {url}"
+        try:
+            verify(url, storage_options=self.options.storage_options)
+        except RestorePointError as exc:
+            return f"restore point published to {url}, but reading it back failed ({exc})"
+        return f"restore point published to {url} and verified"
+
+    def stop(
+        self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
+    ) -> NoReturn:
+        """The stop contract's ending: publish the state at ``step`` (within
+        ``upload_timeout``), the stop line (once), this process's stop marker, the handlers
+        that were there before, exit 42. When the publish fails, the store's previous restore
+        point stays the newest; the exit is 42 all the same."""
+        taken = self.flags.take(self.flags.stop_signals)
+        why = signal_name(taken[-1]) if taken else "requested"
+        # One upload_timeout for the whole stop; the store's retries end with it too (and the
+        # deadline with the stop: the previous one is put back).
+        deadline = time.monotonic() + self.upload_timeout
+        with store_deadline(deadline):
+            where = self._final_publish(Position(step, epoch), metrics, deadline)
+        if self.is_main:
+            print(stop_message(why, step, where), file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError, ValueError):
+            leave_stop_marker({"rank": self.rank, "run": self.run, "step": step})
+        self.flags.chain(taken)
+        # Every process ends together: a launcher that sees one exit first stops the others,
+        # and the main process may still be reading the restore point back.
+        self._barrier()
+        raise SystemExit(EXIT_RESUMABLE)
+
+
+def publish_state(
+    accelerator: Any,
+    directory: str | os.PathLike[str],
+    *,
+    step: int,
+    epoch: int = 0,
+    metrics: Mapping[str, float] | None = None,
+    **options: Any,
+) -> str | None:
+    """``accelerator.save_state(directory)`` and one restore point of it at ``step``: every
+    process calls it. ``options`` are ``AccelerateRun``'s (``store``, ``config``, ``run``,
+    ``keep_last``, ...). Returns the restore point's URL, or None without a store."""
+    return AccelerateRun(accelerator, directory, **options).publish(
+        step=step, epoch=epoch, metrics=metrics
+    )
+
+
+def resume_state(
+    accelerator: Any, directory: str | os.PathLike[str], **options: Any
+) -> Position | None:
+    """Restore the newest state of the run into ``accelerator`` (``AccelerateRun.resume``):
+    every process calls it. Returns the position resumed at, or None (start fresh)."""
+    return AccelerateRun(accelerator, directory, **options).resume()

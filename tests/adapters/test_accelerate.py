@@ -1,0 +1,285 @@
+"""restorepoint.adapters.accelerate in one process, with a real Accelerator on the CPU and a
+store on moto's S3 server: a publish and a resume onto a fresh directory give back the model,
+the optimizer, the scheduler and the RNG bit for bit; a changed config is refused with its
+field named; a code-running optimizer.bin is refused before anything loads it; a half-written
+local state is skipped; a snapshot request (SIGUSR1) publishes on the snapshot worker; a SIGTERM at
+a step boundary publishes, prints the stop line and exits 42, and leaves no handler, store
+deadline or thread behind."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+accelerate = pytest.importorskip("accelerate")
+
+from accelerate import Accelerator  # noqa: E402
+from accelerate.state import AcceleratorState  # noqa: E402
+from crafted import RunsCode  # noqa: E402
+
+from restorepoint.adapters.accelerate import (  # noqa: E402
+    STATE_RECORD,
+    AccelerateRun,
+    publish_state,
+    resume_state,
+)
+from restorepoint.errors import IncompatibleRestorePoint, UnsafeCheckpoint  # noqa: E402
+from restorepoint.format import Position  # noqa: E402
+from restorepoint.ops import list_store  # noqa: E402
+from restorepoint.ops.publish import publish  # noqa: E402
+from restorepoint.ops.verify import inspect_restore_point  # noqa: E402
+from restorepoint.storage import deadline_left  # noqa: E402
+
+CONFIG = {"lr": 0.05, "model": "mlp-4-8-2"}
+
+
+@pytest.fixture
+def fresh() -> Iterator[Any]:
+    """A new Accelerator (one process, CPU) each call, with a model, an optimizer and a
+    scheduler prepared; Accelerate's process-wide state is reset after the test."""
+
+    def make(seed: int = 0) -> tuple[Any, Any, Any, Any]:
+        AcceleratorState._reset_state(True)
+        accelerator = Accelerator(cpu=True)
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=CONFIG["lr"])
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        return (accelerator, *accelerator.prepare(model, optimizer, scheduler))
+
+    yield make
+    AcceleratorState._reset_state(True)
+
+
+def train(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, steps: int) -> None:
+    for _ in range(steps):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+
+
+def snapshot(model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    # Copies: a state dict holds the live tensors, which training goes on changing.
+    return copy.deepcopy(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+    )
+
+
+def assert_same(got: Any, want: Any, where: str = "") -> None:
+    if isinstance(want, torch.Tensor):
+        assert torch.equal(got, want), where
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            assert_same(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, where
+
+
+@pytest.fixture
+def store(s3_bucket: str, s3_storage_options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "store": f"s3://{s3_bucket}/runs/",
+        "config": CONFIG,
+        "storage_options": s3_storage_options,
+    }
+
+
+def test_publish_and_resume_from_the_store_bit_for_bit(
+    tmp_path: Path, fresh: Any, store: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    accelerator, model, optimizer, scheduler = fresh()
+    train(accelerator, model, optimizer, scheduler, 3)
+    url = publish_state(accelerator, tmp_path / "a", step=3, epoch=1, **store)
+    assert url is not None
+    want = snapshot(model, optimizer, scheduler)
+
+    head = inspect_restore_point(url, storage_options=store["storage_options"]).manifest
+    assert head.position == Position(3, 1)
+    assert head.trainer is not None
+    assert (head.trainer.name, head.trainer.version) == ("accelerate", accelerate.__version__)
+    assert head.terms["accelerate"] == accelerate.__version__
+    assert head.terms["torch"] == torch.__version__.split("+")[0]
+    assert head.config == CONFIG
+    assert head.run is not None and head.run.startswith("cfg-")
+    assert {e.path for e in head.payload or ()} == {
+        "model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.bin",
+    }  # fmt: skip
+
+    # Another machine: other weights, a fresh directory, the same store.
+    accelerator, model, optimizer, scheduler = fresh(seed=1)
+    torch.manual_seed(99)
+    position = resume_state(accelerator, tmp_path / "b", **store)
+    assert position == Position(3, 1)
+    assert_same(snapshot(model, optimizer, scheduler), want)
+    assert (tmp_path / "b" / STATE_RECORD).is_file()
+    err = capsys.readouterr().err
+    assert f"restorepoint: resumed from {url}, imported into {tmp_path / 'b'}: step 3" in err
+
+    # Trained on, the two runs stay equal; and the imported directory is now complete locally.
+    accelerator, model, optimizer, scheduler = fresh(seed=2)
+    assert resume_state(accelerator, tmp_path / "b", **store) == Position(3, 1)
+    assert f"resumed from {tmp_path / 'b'}: step 3" in capsys.readouterr().err
+
+
+def test_a_changed_config_is_refused_naming_the_field(
+    tmp_path: Path, fresh: Any, store: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    accelerator, model, optimizer, scheduler = fresh()
+    train(accelerator, model, optimizer, scheduler, 2)
+    # A run named apart from its config: a changed config is the same run, refused. (Named by
+    # its config alone, a changed config is another run, and starts fresh.)
+    store = {**store, "run": "tune"}
+    publish_state(accelerator, tmp_path / "a", step=2, **store)
+    changed = {**store, "config": {**CONFIG, "lr": 0.5}}
+
+    accelerator, *_ = fresh()
+    with pytest.raises(IncompatibleRestorePoint, match=r"config\.lr") as info:
+        resume_state(accelerator, tmp_path / "b", exit_on_refusal=False, **changed)
+    assert "config.lr: here 0.5 (config=), in the restore point 0.05" in info.value.details[0]
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+    # The local state directory is gated the same way.
+    with pytest.raises(IncompatibleRestorePoint, match=r"config\.lr"):
+        resume_state(accelerator, tmp_path / "a", config=changed["config"], exit_on_refusal=False)
+    # By default: one line (and the mismatch) on stderr, and exit 3.
+    with pytest.raises(SystemExit) as exited:
+        resume_state(accelerator, tmp_path / "b", **changed)
+    assert exited.value.code == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("restorepoint: error: ") and "(config.lr)" in err[0]
+    assert err[1] == "restorepoint:   config.lr: here 0.5 (config=), in the restore point 0.05"
+
+
+def test_a_code_running_optimizer_bin_is_refused_before_accelerate_loads_it(
+    tmp_path: Path, fresh: Any, store: dict[str, Any]
+) -> None:
+    accelerator, model, optimizer, scheduler = fresh()
+    train(accelerator, model, optimizer, scheduler, 2)
+    publish_state(accelerator, tmp_path / "a", step=2, **store)
+    # A restore point of the run, one step on, whose optimizer.bin runs code when unpickled.
+    marker = tmp_path / "ran"
+    torch.save({"state": {0: RunsCode(marker)}, "param_groups": []}, tmp_path / "a/optimizer.bin")
+    rp = AccelerateRun(accelerator, tmp_path / "a", **store)
+    files = [p.name for p in (tmp_path / "a").iterdir() if p.name != STATE_RECORD]
+    options = rp.options
+    publish(tmp_path / "a", store["store"], rp.head(Position(3)), options, include=files)
+
+    accelerator, *_ = fresh(seed=1)
+    with pytest.raises(UnsafeCheckpoint, match=r"optimizer\.bin"):
+        resume_state(accelerator, tmp_path / "b", exit_on_refusal=False, **store)
+    assert not marker.exists()
+    # Nothing of it took the state's names.
+    assert not (tmp_path / "b" / "optimizer.bin").exists()
+    with pytest.raises(SystemExit) as exited:
+        resume_state(accelerator, tmp_path / "b", **store)
+    assert exited.value.code == 1
+    assert not marker.exists()
+
+
+def test_a_half_written_local_state_is_skipped_for_the_store(
+    tmp_path: Path, fresh: Any, store: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    accelerator, model, optimizer, scheduler = fresh()
+    train(accelerator, model, optimizer, scheduler, 2)
+    publish_state(accelerator, tmp_path / "a", step=2, **store)
+    want = snapshot(model, optimizer, scheduler)
+    # Saved again at step 4 (a newer record), then torn: a file truncated, one removed.
+    train(accelerator, model, optimizer, scheduler, 2)
+    publish_state(accelerator, tmp_path / "a", step=4, config=CONFIG)
+    record = json.loads((tmp_path / "a" / STATE_RECORD).read_text())
+    assert record["head"]["position"]["step"] == 4
+    with (tmp_path / "a/optimizer.bin").open("r+b") as f:
+        f.truncate(100)
+    (tmp_path / "a/scheduler.bin").unlink()
+
+    accelerator, model, optimizer, scheduler = fresh(seed=1)
+    assert resume_state(accelerator, tmp_path / "a", **store) == Position(2, 0)
+    assert "skipping the state in" in caplog.text
+    assert_same(snapshot(model, optimizer, scheduler), want)
+
+
+def test_sigterm_at_a_step_boundary_publishes_and_exits_42(
+    tmp_path: Path, fresh: Any, store: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
+    accelerator, model, optimizer, scheduler = fresh()
+    with AccelerateRun(accelerator, tmp_path / "a", **store) as rp:
+        train(accelerator, model, optimizer, scheduler, 1)
+        # A snapshot request: published at the boundary, on the runtime's snapshot worker.
+        os.kill(os.getpid(), signal.SIGUSR1)
+        rp.check(step=1)
+        assert rp.uploads == [] or rp.uploads[-1]["step"] == 1
+        train(accelerator, model, optimizer, scheduler, 1)
+        assert rp.wait(60)
+        assert rp.uploads[-1]["ok"] and rp.uploads[-1]["step"] == 1
+        assert not rp.should_stop()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert rp.should_stop()
+        with pytest.raises(SystemExit) as exited:
+            rp.stop(step=2)
+    assert exited.value.code == 42
+    entry, periodic = list_store(store["store"], storage_options=store["storage_options"])
+    assert (entry.step, periodic.step) == (2, 1)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"restorepoint: stop (SIGTERM) at step 2: restore point published to {entry.url} and "
+        "verified; exiting 42 (resumable)"
+    )
+    # Nothing of the run is left behind: the handler, the store deadline, the worker thread.
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == before
+    assert deadline_left() is None
+    assert rp.worker is None
+    assert not [t for t in threading.enumerate() if t.name == "rp-snapshots"]
+
+
+def test_a_restore_point_handed_over_by_restorepoint_run_resume_from(
+    tmp_path: Path, fresh: Any
+) -> None:
+    """``restorepoint run --resume-from`` imports the restore point and hands it to the job
+    (tests/adapters/_accelerate_job.py, the same model), which gates it again and resumes."""
+    accelerator, model, optimizer, scheduler = fresh()
+    train(accelerator, model, optimizer, scheduler, 2)
+    config = {"lr": CONFIG["lr"], "model": CONFIG["model"], "steps": 8}
+    url = publish_state(
+        accelerator, tmp_path / "a", step=2, store=f"{tmp_path / 'store'}/", run="handed",
+        config=config, operational=["steps"],
+    )  # fmt: skip
+    assert url is not None
+    job = Path(__file__).with_name("_accelerate_job.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESTOREPOINT_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "restorepoint", "run", "--store", f"{tmp_path / 'other'}/",
+         "--term", f"accelerate={accelerate.__version__}", "--resume-from", url, "--",
+         sys.executable, str(job), "--dir", str(tmp_path / "b"), "--out", str(tmp_path / "b"),
+         "--run", "handed", "--steps", "3"],
+        capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=240,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "start 2\n" in done.stdout
+    assert (
+        f"restorepoint: resumed from {url}, handed over by restorepoint run, copied into "
+        f"{tmp_path / 'b'}: step 2"
+    ) in done.stderr
+    assert (tmp_path / "b" / STATE_RECORD).is_file()

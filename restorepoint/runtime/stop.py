@@ -32,7 +32,7 @@ from .signals import signal_name
 if TYPE_CHECKING:
     from .run import ResumableRun
 
-__all__ = ["end_stop", "finish_uploads", "stop", "stop_line"]
+__all__ = ["end_stop", "finish_uploads", "stop", "stop_line", "stop_message"]
 
 log = logging.getLogger("restorepoint.torch")
 
@@ -82,7 +82,6 @@ def stop_line(
 ) -> str:
     """The one line a stop prints: what was asked, at which step, where the state at the stop
     went, and the exit code."""
-    head = f"restorepoint: stop ({why}) at step {run.step}: "
     unsaved = run.publisher.save_errors.get(run.step) if finished else None
     if unsaved is not None:
         checkpoints = run.directory.checkpoints
@@ -104,6 +103,13 @@ def stop_line(
     else:
         error = str(upload.get("error")) if upload is not None else "no publish recorded"
         where = f"the publish failed ({error}): the store's previous restore point stays the newest"
+    return stop_message(why, run.step, where, over)
+
+
+def stop_message(why: str, step: int, where: str, over: str = "") -> str:
+    """The stop line's words, for every trainer that ends a stop (the runtime, the
+    transformers callback): what was asked, at which step, where the state went, the exit."""
+    head = f"restorepoint: stop ({why}) at step {step}: "
     tail = f"; {over}: exiting 1 (not resumable)" if over else "; exiting 42 (resumable)"
     return printable(head + where + tail)
 

@@ -25,6 +25,9 @@ from transformers.utils import logging as hf_logging
 from restorepoint.adapters.transformers import RestorePointCallback, resume_checkpoint
 
 SEQ = 8
+#: The run id the job publishes under (named: a changed config then finds the run's restore
+#: points and is refused, rather than being a run of its own).
+RUN = "tiny-gpt2"
 ROWS = 48
 
 
@@ -59,6 +62,7 @@ def make_trainer(
     out: Path,
     *,
     store: str | None = None,
+    storage_options: dict[str, Any] | None = None,
     lr: float = 5e-3,
     max_steps: int = 12,
     save_steps: int = 3,
@@ -66,22 +70,30 @@ def make_trainer(
     data: datasets.Dataset | None = None,
     callbacks: list[Any] | None = None,
     rp: RestorePointCallback | None = None,
+    trainer_options: dict[str, Any] | None = None,
     **extra: Any,
 ) -> tuple[Trainer, RestorePointCallback, dict[str, Any]]:
-    """The Trainer of this job, its callback, and the keywords resume_checkpoint takes."""
+    """The Trainer of this job, its callback, and the keywords resume_checkpoint takes
+    (``extra``: more TrainingArguments; ``trainer_options``: more Trainer keywords)."""
     hf_logging.set_verbosity_error()
     data = data if data is not None else dataset()
     args = TrainingArguments(
         output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=4,
-        learning_rate=lr, save_steps=save_steps, logging_steps=1, report_to=[],
-        use_cpu=True, seed=0, data_seed=0, disable_tqdm=True, **extra,
+        learning_rate=lr, save_steps=save_steps, report_to=[], use_cpu=True, seed=0,
+        data_seed=0, disable_tqdm=True, **{"logging_steps": 1, **extra},
     )  # fmt: skip
     net = model()
-    rp = rp or RestorePointCallback(store, dataset=data)
-    trainer = Trainer(
-        model=net, args=args, train_dataset=data, callbacks=[rp, *(callbacks or [Steps(delay)])]
+    rp = rp or RestorePointCallback(
+        store, run=RUN, dataset=data, storage_options=storage_options, wait_each=True
     )
-    return trainer, rp, {"args": args, "model": net, "dataset": data}
+    trainer = Trainer(
+        model=net,
+        args=args,
+        train_dataset=data,
+        callbacks=[rp, *(callbacks or [Steps(delay)])],
+        **(trainer_options or {}),
+    )
+    return trainer, rp, {"args": args, "model": net, "dataset": data, "run": RUN}
 
 
 def main() -> int:

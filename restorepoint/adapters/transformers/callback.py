@@ -130,6 +130,9 @@ class RestorePointCallback(TrainerCallback):
     string) and ``cache_keys``: the cache keys. ``operational``: the config keys left out of
     the identity (default ``OPERATIONAL_KEYS``). ``stop=False``: a stop signal is left to
     whoever handled it before. ``upload_timeout``: how long a stop waits for its publish.
+    ``wait_each`` (default: with ``keep_best``): each save waits for its publish, so that
+    every checkpoint is published (otherwise one saved while the previous one is still being
+    published replaces it in the queue, and only the newest is published).
     Other keywords are ``PackOptions`` fields (``storage_options``, ``level``, ``sign``...).
     ``events`` records what happened (``packed``, ``pack_failed``, ``stopped``)."""
 
@@ -149,6 +152,7 @@ class RestorePointCallback(TrainerCallback):
         operational: Sequence[str] | None = None,
         stop: bool = True,
         upload_timeout: float = 300.0,
+        wait_each: bool | None = None,
         **pack_options: Any,
     ) -> None:
         self.store = store_from_env(store)
@@ -163,6 +167,10 @@ class RestorePointCallback(TrainerCallback):
         self.operational = operational_keys(operational)
         self.stop = stop
         self.upload_timeout = float(upload_timeout)
+        # A checkpoint saved while the previous one is still being published replaces it in
+        # the worker's queue (the runtime's coalescing): keep-best could then never see the
+        # best. With keep_best, each save waits for its own publish unless told otherwise.
+        self.wait_each = keep_best is not None if wait_each is None else bool(wait_each)
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:
@@ -245,6 +253,8 @@ class RestorePointCallback(TrainerCallback):
         if state.is_world_process_zero and self._worker is not None and self._spec is not None:
             if checkpoint.is_dir():
                 self._submit(state, checkpoint)
+                if self.wait_each and self._stopping is None:
+                    self.wait(self.upload_timeout)
             else:
                 log.warning("no %s after the save: nothing published", checkpoint)
         if self._stopping is not None:

@@ -342,4 +342,47 @@ def test_the_cli_gates_with_the_adapters_local_view(
     assert "config.args.learning_rate" in refused.stderr
     adapter = TransformersAdapter()
     snapshot = adapter.newest_snapshot(trained[0])
-    assert snapshot is not None and snapshot.step == 12
+    assert snapshot is not None
+    assert snapshot.step == 12
+    # The CLI's adapter never imports transformers itself (seconds): the package metadata
+    # gives its version.
+    probe = (
+        "import sys; from restorepoint.adapters.base import load_adapter; "
+        "load_adapter('transformers').local_view({}); print('transformers' in sys.modules)"
+    )
+    lazy = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert lazy.stdout.strip() == "False", lazy.stderr
+
+
+@pytest.mark.slow
+def test_restorepoint_run_auto_resume_hands_over_and_a_changed_lr_is_exit_3(
+    tmp_path: Path, trained: tuple[Path, str, dict[str, torch.Tensor]]
+) -> None:
+    """Under ``restorepoint run --adapter transformers --auto-resume`` the supervisor imports
+    the run's newest restore point and hands it over; the job gates it with its own view: a
+    changed learning rate is exit 3 (the field named, nothing trained), the same config
+    resumes from it (step 12 of 12: nothing left to train) and completes."""
+    store = f"{tmp_path / 'store'}/"
+    shutil.copytree(trained[1], store)
+    supervise = [
+        sys.executable, "-m", "restorepoint", "run", "--store", store, "--adapter",
+        "transformers", "--auto-resume", "--run", "tiny-gpt2", "--",
+        sys.executable, str(JOB),
+    ]  # fmt: skip
+    refused = subprocess.run(
+        [*supervise, str(tmp_path / "a"), "--lr", "1e-3"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 3, refused.stderr
+    assert "config.args.learning_rate" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert "step 1" not in refused.stdout.splitlines()
+    resumed = subprocess.run(
+        [*supervise, str(tmp_path / "b")], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resume {tmp_path / 'b' / 'checkpoint-12'}" in resumed.stdout.splitlines()
+    assert (tmp_path / "b" / "checkpoint-12" / RECORD).is_file()

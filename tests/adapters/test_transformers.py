@@ -290,9 +290,11 @@ def test_keep_best_keeps_the_best_that_save_total_limit_rotates_away(tmp_path: P
     keep_best=1 keeps the newest and the best in the store, the best's metric in its head."""
     scores = iter([0.2, 0.9, 0.4, 0.3])
     store = f"{tmp_path / 'store'}/"
+    handoff = tmp_path / "handoff.json"
     rp = RestorePointCallback(
-        store, keep_last=1, keep_best=1, metric="eval_score", mode="max", dataset=dataset()
-    )
+        store, keep_last=1, keep_best=1, metric="eval_score", mode="max", dataset=dataset(),
+        handoff=handoff,
+    )  # fmt: skip
     evaluation = {
         "eval_dataset": dataset(seed=3).select(range(4)),
         "compute_metrics": lambda _: {"score": next(scores)},
@@ -308,6 +310,10 @@ def test_keep_best_keeps_the_best_that_save_total_limit_rotates_away(tmp_path: P
     best = next(e for e in entries if e.step == 6)
     assert read_manifest(best.url).metrics == {"eval_score": 0.9}
     verify(best.url)
+    # The handoff of the newest publish, which a resuming machine checks against.
+    newest = next(e for e in entries if e.step == 12)
+    assert json.loads(handoff.read_text())["id"] == read_manifest(newest.url).id
+    assert cli("check", newest.url, "--expect", str(handoff)).returncode == 0
 
 
 # -- the CLI: the adapter's local view gates as for other adapters -------------------------

@@ -132,7 +132,8 @@ class RestorePointCallback(TrainerCallback):
     whoever handled it before. ``upload_timeout``: how long a stop waits for its publish.
     ``wait_each`` (default: with ``keep_best``): each save waits for its publish, so that
     every checkpoint is published (otherwise one saved while the previous one is still being
-    published replaces it in the queue, and only the newest is published).
+    published replaces it in the queue, and only the newest is published). ``handoff``: a
+    file that each publish writes the handoff of its restore point to (``pack --handoff``).
     Other keywords are ``PackOptions`` fields (``storage_options``, ``level``, ``sign``...).
     ``events`` records what happened (``packed``, ``pack_failed``, ``stopped``)."""
 
@@ -153,6 +154,7 @@ class RestorePointCallback(TrainerCallback):
         stop: bool = True,
         upload_timeout: float = 300.0,
         wait_each: bool | None = None,
+        handoff: str | os.PathLike[str] | None = None,
         **pack_options: Any,
     ) -> None:
         self.store = store_from_env(store)
@@ -171,6 +173,7 @@ class RestorePointCallback(TrainerCallback):
         # the worker's queue (the runtime's coalescing): keep-best could then never see the
         # best. With keep_best, each save waits for its own publish unless told otherwise.
         self.wait_each = keep_best is not None if wait_each is None else bool(wait_each)
+        self.handoff = handoff
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:
@@ -316,6 +319,7 @@ class RestorePointCallback(TrainerCallback):
                         self.options,
                         keep_last=self.keep_last,
                         keep_best=self.keep_best,
+                        handoff=self.handoff,
                     )
                     # Read back end to end before it counts; the prune after the publish
                     # verifies the run's newest in full, and then it is not read twice.

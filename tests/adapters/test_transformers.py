@@ -32,6 +32,7 @@ from crafted import RunsCode
 from transformers.utils import logging as hf_logging
 
 from restorepoint import IncompatibleRestorePoint, list_store, read_manifest, verify
+from restorepoint.adapters.base import Adapter, load_adapter
 from restorepoint.adapters.transformers import (
     RestorePointCallback,
     TransformersAdapter,
@@ -40,6 +41,7 @@ from restorepoint.adapters.transformers import (
 )
 from restorepoint.adapters.transformers._checkpoint import RECORD
 from restorepoint.storage import _retry
+from restorepoint.testing.adapter import AdapterConformance
 
 from .hf_job import Steps, dataset, make_trainer
 
@@ -52,9 +54,11 @@ def weights(trainer: Any) -> dict[str, torch.Tensor]:
 
 
 class Process:
-    """What the Trainer changes for the whole process (it seeds every RNG), put back after."""
+    """What the Trainer changes for the whole process, put back after: the RNGs it seeds, the
+    environment (torch's inductor cache variable), accelerate's process-wide state."""
 
     def __enter__(self) -> Process:
+        self.env = dict(os.environ)
         self.handlers = {s: signal.getsignal(s) for s in HANDLED}
         self.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
         self.threads = torch.get_num_threads()
@@ -67,6 +71,11 @@ class Process:
         torch.set_rng_state(self.rng[2])
         torch.set_num_threads(self.threads)
         hf_logging.set_verbosity(self.verbosity)
+        os.environ.clear()
+        os.environ.update(self.env)
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
 
     def check_left_alone(self) -> None:
         """Nothing of the callback's outlives its run: handlers, worker, store deadline."""
@@ -327,9 +336,6 @@ def test_the_cli_gates_with_the_adapters_local_view(
     config.write_text(json.dumps(trainer_config(keys["args"], keys["model"])))
     fingerprint = keys["dataset"]._fingerprint
     url = list_store(trained[1])[0].url
-    listed = cli("adapters", "--json")
-    assert listed.returncode == 0, listed.stderr
-    assert "transformers" in listed.stdout
     view = cli("local-view", "--adapter", "transformers", "--config", str(config), "--json")
     assert view.returncode == 0, view.stderr
     fields = {f["field"]: f for f in json.loads(view.stdout)["views"][0]}
@@ -392,3 +398,19 @@ def test_restorepoint_run_auto_resume_hands_over_and_a_changed_lr_is_exit_3(
     assert resumed.returncode == 0, resumed.stderr
     assert f"resume {tmp_path / 'b' / 'checkpoint-12'}" in resumed.stdout.splitlines()
     assert (tmp_path / "b" / "checkpoint-12" / RECORD).is_file()
+
+
+class TestTransformersAdapter(AdapterConformance):
+    """The adapter conformance suite, on checkpoints a real Trainer saved."""
+
+    @pytest.fixture
+    def adapter(self) -> Adapter:
+        return load_adapter("transformers")
+
+    @pytest.fixture
+    def produced(self, trained: tuple[Path, str, dict[str, torch.Tensor]]) -> Path:
+        return trained[0]
+
+    @pytest.fixture
+    def expected_step(self) -> int:
+        return 12

@@ -41,11 +41,17 @@ from ...format.metrics import METRIC_NAME
 from ...ops import entry_name, verify
 from ...ops.publish import HeadSpec, PackOptions, publish
 from ...ops.store import KeepBest
-from ...runtime.contract import EXIT_RESUMABLE, leave_stop_marker, report_ready
+from ...runtime.contract import (
+    EXIT_RESUMABLE,
+    SIGNING_KEY_ENV,
+    leave_stop_marker,
+    report_ready,
+)
 from ...runtime.signals import SignalFlags, default_stop_signals, signal_name
 from ...runtime.stop import stop_message
 from ...runtime.worker import SnapshotWorker
 from ...storage import set_store_deadline
+from ...trust import load_signing_key
 from .._lightning_metrics import best_options
 from ._checkpoint import UNPUBLISHED, file_index, write_record
 from ._view import (
@@ -174,6 +180,12 @@ class RestorePointCallback(TrainerCallback):
         # best. With keep_best, each save waits for its own publish unless told otherwise.
         self.wait_each = keep_best is not None if wait_each is None else bool(wait_each)
         self.handoff = handoff
+        # As the runtime packs: one encode thread (leave the training thread a core), signed
+        # with the supervisor's key (``restorepoint run --sign``) unless given one.
+        pack_options.setdefault("threads", 1)
+        key = os.environ.get(SIGNING_KEY_ENV)
+        if "sign" not in pack_options and key:
+            pack_options["sign"] = (load_signing_key(key),)
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:

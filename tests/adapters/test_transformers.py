@@ -89,6 +89,7 @@ def train(out: Path, resume: str | None = None, **options: Any) -> tuple[Any, An
         trainer, rp, _ = make_trainer(out, **options)
         trainer.train(resume_from_checkpoint=resume)
         process.check_left_alone()
+    assert not list(out.glob(".restorepoint-*")), "a staging directory was left behind"
     return trainer, rp
 
 
@@ -289,6 +290,24 @@ def test_a_crafted_pickle_in_optimizer_pt_is_refused(
     assert "os.system" in err[0] or "posix.system" in err[0]
     assert not marker.exists()
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_save_during_a_publish_replaces_the_waiting_one_and_nothing_is_left_behind(
+    tmp_path: Path,
+) -> None:
+    """Without ``wait_each`` training never waits for a publish: a checkpoint saved while
+    another is being published replaces the one still waiting (the runtime's coalescing). The
+    newest is always published, a checkpoint has its record exactly when it was published (one
+    never published is not complete, and a resume takes the newest that is), and no staging
+    directory outlives the run."""
+    store = f"{tmp_path / 'store'}/"
+    rp = RestorePointCallback(store, run="tiny-gpt2", dataset=dataset(), wait_each=False)
+    _, rp = train(tmp_path / "out", rp=rp, save_steps=1, save_total_limit=3)
+    packed = [e["step"] for e in rp.events if e["event"] == "packed"]
+    assert packed[-1] == 12
+    assert list_store(store)[0].step == 12
+    for step in (10, 11, 12):
+        assert (tmp_path / "out" / f"checkpoint-{step}" / RECORD).is_file() == (step in packed)
 
 
 # -- keep-best beside save_total_limit ------------------------------------------------------

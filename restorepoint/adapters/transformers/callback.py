@@ -118,6 +118,27 @@ def _stage(checkpoint: Path, staging: Path) -> None:
                 shutil.copy2(source, target)
 
 
+_STAGING = "restorepoint-publish-"
+
+
+def _sweep(output_dir: Path, below: int | None = None) -> None:
+    """Remove the staging directories of publishes that will never run: the worker replaces a
+    job still waiting with a newer one (coalescing), and the replaced job's staging directory
+    is then nobody's. Called by the worker before each job (those of lower steps: the worker
+    runs one job at a time, so no other is in progress), and at the end (all of them)."""
+    try:
+        entries = list(output_dir.iterdir())
+    except OSError:
+        return
+    for path in entries:
+        name = path.name
+        if not name.startswith("." + _STAGING):
+            continue
+        step_text = name[len(_STAGING) + 1 :].split("-", 1)[0]
+        if below is None or (step_text.isdigit() and int(step_text) < below):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _distributed() -> bool:
     dist = torch.distributed
     return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
@@ -303,7 +324,7 @@ class RestorePointCallback(TrainerCallback):
         assert self._worker is not None
         step = int(state.global_step)
         epoch = int(state.epoch or 0)
-        staging = checkpoint.parent / f".restorepoint-publish-{step}-{secrets.token_hex(4)}"
+        staging = checkpoint.parent / f".{_STAGING}{step}-{secrets.token_hex(4)}"
         try:
             staging.mkdir()
             _stage(checkpoint, staging)
@@ -321,6 +342,7 @@ class RestorePointCallback(TrainerCallback):
         url: str | None = None
         error: str | None = None
         index: dict[str, list[Any]] | None = None
+        _sweep(job.staging.parent, below=job.step)
         try:
             if self.store is not None:
                 try:
@@ -396,6 +418,8 @@ class RestorePointCallback(TrainerCallback):
                 log.warning(
                     "a publish was still running after %.0f s; leaving it", self.upload_timeout
                 )
+            else:
+                _sweep(self._output_dir)
             self._worker.finish(0)
             self._worker = None
         self._restore()

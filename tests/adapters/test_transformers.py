@@ -211,12 +211,20 @@ def test_a_half_written_checkpoint_is_skipped(
     model.write_bytes(model.read_bytes()[:100])
     (out / "checkpoint-15").mkdir()  # killed before its first file was complete
     (out / "checkpoint-15" / "config.json").write_text("{")
+    # A record is read as hostile: a path out of the checkpoint is no file of it.
+    hostile = json.loads((out / "checkpoint-6" / RECORD).read_text())
+    hostile["head"]["position"]["step"] = 18
+    hostile["files"] = {"../../etc/passwd\x1b[2J": [1, "0" * 64]}
+    (out / "checkpoint-18").mkdir()
+    (out / "checkpoint-18" / RECORD).write_text(json.dumps(hostile))
     with pytest.warns(UserWarning, match="skipping checkpoint-") as warned:
         resume = resume_checkpoint(out, **keys_for(out))
     assert resume == str(out / "checkpoint-6")
     said = [str(w.message) for w in warned]
     assert any(s.startswith("skipping checkpoint-15: no restorepoint.json") for s in said), said
     assert "skipping checkpoint-12: optimizer.pt is missing" in said
+    assert any(s.startswith("skipping checkpoint-18: restorepoint.json lists a path") for s in said)
+    assert not any("\x1b" in s for s in said), said
     assert "skipping checkpoint-9: model.safetensors has 100 bytes" in " ".join(said)
     # The store has newer complete ones: they win over the local checkpoint-6.
     with pytest.warns(UserWarning, match="skipping checkpoint-"):

@@ -162,7 +162,8 @@ def _newest_local(directory: Path, view: Expectations) -> Complete | None:
     with a warning each."""
     for _step, path, found in iter_complete(directory):
         if isinstance(found, str):
-            warnings.warn(f"skipping {path.name}: {found}", UserWarning, stacklevel=3)
+            # The reason may quote the record's paths: hostile until checked, escaped.
+            warnings.warn(printable(f"skipping {path.name}: {found}"), UserWarning, stacklevel=3)
             continue
         result = decide(str(path), found.head, [view], strict=True, hints=TRANSFORMERS_HINTS)
         if not result.compatible:

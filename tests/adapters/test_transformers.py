@@ -305,12 +305,17 @@ def test_a_save_during_a_publish_replaces_the_waiting_one_and_nothing_is_left_be
 ) -> None:
     """Without ``wait_each`` training never waits for a publish: a checkpoint saved while
     another is being published replaces the one still waiting (the runtime's coalescing). The
-    newest is always published, a checkpoint has its record exactly when it was published (one
-    never published is not complete, and a resume takes the newest that is), and no staging
-    directory outlives the run."""
+    newest is always published, a checkpoint has its record exactly when it was published
+    (one never published is not complete, and a resume takes the newest that is), a record
+    written late never makes the Trainer's rotation drop the newest checkpoint, and no
+    staging directory outlives the run."""
     store = f"{tmp_path / 'store'}/"
     rp = RestorePointCallback(store, run="tiny-gpt2", dataset=dataset(), wait_each=False)
-    _, rp = train(tmp_path / "out", rp=rp, save_steps=1, save_total_limit=3)
+    # 0.1 s a step: the checkpoints' times spread over more than a second, so the Trainer's
+    # rotation orders them by their directories' modification times.
+    _, rp = train(tmp_path / "out", rp=rp, save_steps=1, save_total_limit=3, delay=0.1)
+    left = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert left == ["checkpoint-10", "checkpoint-11", "checkpoint-12"]
     packed = [e["step"] for e in rp.events if e["event"] == "packed"]
     assert packed[-1] == 12
     assert list_store(store)[0].step == 12

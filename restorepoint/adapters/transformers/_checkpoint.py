@@ -116,8 +116,14 @@ def file_index(directory: Path, manifest: Manifest | None = None) -> dict[str, l
 def write_record(
     directory: Path, head: Mapping[str, Any], index: Mapping[str, list[Any]], url: str | None
 ) -> None:
+    """Write the record, leaving the directory's modification time as it was: the Trainer's
+    rotation (``save_total_limit``) orders checkpoints by it, and a record written after a
+    newer checkpoint was saved would make the older one look newest (the newest then
+    rotated away)."""
     doc = {"format": _RECORD_FORMAT, "head": dict(head), "files": dict(index), "url": url}
+    before = os.stat(directory)
     atomic_write(directory / RECORD, json.dumps(doc, sort_keys=True).encode() + b"\n")
+    os.utime(directory, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 class Complete:

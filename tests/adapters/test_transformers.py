@@ -198,6 +198,35 @@ def test_sigusr2_in_process_stops_at_the_next_step(
     assert (tmp_path / "checkpoint-5" / RECORD).is_file()
 
 
+def test_with_save_strategy_best_a_stop_still_saves(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``save_strategy="best"`` saves only when an evaluation finds a better metric: at a
+    stop, that step's evaluation is skipped, so the stop's checkpoint is saved whatever the
+    metric would have said (here it never improves)."""
+
+    class Signal(Steps):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    evaluation = {
+        "eval_dataset": dataset(seed=3).select(range(4)),
+        "compute_metrics": lambda _: {"score": 0.0},
+    }
+    with Process() as process:
+        trainer, _, _ = make_trainer(
+            tmp_path, callbacks=[Signal()], save_strategy="best", eval_strategy="steps",
+            eval_steps=1, metric_for_best_model="score", trainer_options=evaluation,
+        )  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            trainer.train()
+        process.check_left_alone()
+    assert stopped.value.code == 42
+    assert "at step 5: checkpoint-5 saved in" in capfd.readouterr().err
+    assert (tmp_path / "checkpoint-5" / RECORD).is_file()
+
+
 # -- resume: complete checkpoints only, and the gate ----------------------------------------
 
 

@@ -174,12 +174,15 @@ def test_sigterm_exit_42_and_a_resume_from_s3_is_bit_for_bit(
 def test_sigusr2_in_process_stops_at_the_next_step(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """SIGUSR2 (the template's forwarded warning) is a stop: at the next step's end the
+    """SIGUSR1 is a snapshot request: a save at the next step's end, and training goes on.
+    SIGUSR2 (the template's forwarded warning) is a stop: at the next step's end the
     checkpoint is saved (no store: said so), ``Stopped`` (exit 42) leaves ``train``, and
     everything the callback installed is put back."""
 
     class Signal(Steps):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 1:
+                os.kill(os.getpid(), signal.SIGUSR1)
             if state.global_step == 4:
                 os.kill(os.getpid(), signal.SIGUSR2)
 
@@ -195,7 +198,9 @@ def test_sigusr2_in_process_stops_at_the_next_step(
         "exiting 42 (resumable)"
     ) in err
     assert next(e for e in rp.events if e["event"] == "stopped")["saved"] is True
-    assert (tmp_path / "checkpoint-5" / RECORD).is_file()
+    # save_steps=3: checkpoint-2 is the snapshot request's, checkpoint-3 a periodic one.
+    for step in (2, 3, 5):
+        assert (tmp_path / f"checkpoint-{step}" / RECORD).is_file()
 
 
 def test_with_save_strategy_best_a_stop_still_saves(

@@ -21,8 +21,9 @@ def adapters_command(
         if json_:
             print_json({"adapters": [i.to_dict() for i in infos], "ok": True})
             return
+        width = max((len(info.name) for info in infos), default=0)
         for info in infos:
             state = "" if info.available else f"  (unavailable: {info.problem})"
-            say(f"{info.name:<10} {info.description}{state}")
+            say(f"{info.name:<{width}} {info.description}{state}")
 
     run(json_, body)

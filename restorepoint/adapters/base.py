@@ -128,6 +128,7 @@ class AdapterInfo:
 BUILTIN = {
     "torch": "restorepoint.adapters.torch_adapter:TorchAdapter",
     "lightning": "restorepoint.adapters.lightning:LightningAdapter",
+    "transformers": "restorepoint.adapters.transformers.adapter:TransformersAdapter",
     "external": "restorepoint.adapters.external:ExternalAdapter",
     "lichtfeld": "restorepoint.adapters.external:LichtFeldAdapter",
 }

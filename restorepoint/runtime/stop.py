@@ -108,8 +108,9 @@ def stop_line(
 
 def stop_message(why: str, step: int, where: str, over: str = "") -> str:
     """The stop line's words, for every trainer that ends a stop itself (the runtime, the
-    Accelerate helper): what was asked, at which step, where the state at the stop went, and
-    the exit code (1 with ``over``, the reason the stop is not resumable; else 42)."""
+    Accelerate helper, the transformers callback): what was asked, at which step, where the
+    state at the stop went, and the exit code (1 with ``over``, the reason the stop is not
+    resumable; else 42)."""
     tail = f"; {over}: exiting 1 (not resumable)" if over else "; exiting 42 (resumable)"
     return printable(f"restorepoint: stop ({why}) at step {step}: {where}{tail}")
 

@@ -40,6 +40,9 @@ sys.stdout.write("\\n" + json.dumps(sorted(sys.modules)) + "\\n")
 HEAVY = (
     "torch",
     "lightning",
+    "transformers",
+    "accelerate",
+    "datasets",
     "numpy",
     "yaml",
     "fsspec.implementations",

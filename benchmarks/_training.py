@@ -26,8 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = {
     "full": "full fine-tune: every parameter trains (Adam)",
     "frozen": "frozen backbone: only the last layer, the pooler and a head train (Adam)",
-    "frozen-rng": "the frozen backbone, and each step draws from Python's and numpy's global "
-    "RNGs, as data augmentation does: their states are in the runtime file's JSON header",
+    "frozen-rng": "the frozen backbone, and each step draws 1000 numbers from Python's and "
+    "numpy's global RNGs, as per-sample augmentation does (their states are in the runtime "
+    "file's JSON header)",
     "embedding": "embedding table: the word embeddings train sparsely (SparseAdam), a step "
     "touches the rows of its batch; the head trains (Adam); the encoder is frozen",
     "external": "external trainer: a full fine-tune's torch.save checkpoint (the newest only) "

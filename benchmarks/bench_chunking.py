@@ -5,8 +5,9 @@ checkpoints of real training.
     python benchmarks/bench_chunking.py [--model minilm|tiny] [--steps 3] [--between 1]
         [--scenarios full,frozen,frozen-rng,embedding,external]
         [--containers runtime,lightning,safetensors,dcp]
-        [--fixed 64K,256K,1M,4M,8M] [--tensor 1M,4M] [--cdc 64K,256K,1M,4M]
-        [--workdir DIR] [--json]
+        [--fixed 64K,128K,256K,1M,4M,8M] [--tensor 64K,256K,1M,4M] [--cdc 64K,256K,1M,4M]
+        [--shard-mib 32] [--pack-sizes 64K,256K,1M,4M] [--pack-repeat 3] [--workdir DIR]
+        [--json]
 
 A BERT encoder (all-MiniLM-L6-v2's real weights by default; ``--model tiny`` for a smoke
 run) trains on this repository's documentation with Adam for ``--steps`` steps, then
@@ -48,6 +49,7 @@ from _chunkers import (
     chunk_digests,
     parse_size,
     read_files,
+    size_label,
     tensor_starts,
 )
 
@@ -282,6 +284,30 @@ def last_tensor_shift(a: Path, old: dict[str, bytes], b: Path, new: dict[str, by
     return starts[1] - starts[0]
 
 
+def pack_costs(source: Path, sizes: list[int], repeat: int) -> list[dict[str, Any]]:
+    """What the format's writer pays today for smaller chunks: restorepoint.pack of ``source``
+    (codec auto, one thread) at each chunk size: the median time and the stored size."""
+    import statistics
+
+    from restorepoint import pack
+
+    out = []
+    for size in sizes:
+        times, stored = [], 0
+        for _ in range(repeat):
+            dest = source.parent / "pack-cost.rp"
+            started = time.perf_counter()
+            pack(source, str(dest), position=0, chunk_size=size, threads=1)
+            times.append(time.perf_counter() - started)
+            stored = dest.stat().st_size
+            dest.unlink()
+        out.append(
+            {"chunk_size": size, "seconds": statistics.median(times), "stored": stored}
+            | {"load": load()}
+        )
+    return out
+
+
 def hashlib_file(data: bytes) -> bytes:
     import hashlib
 
@@ -311,6 +337,27 @@ def print_table(rows: list[Row], sizes: dict[str, int]) -> None:
     )
 
 
+def print_summary(rows: list[Row]) -> None:
+    """Reuse by chunking (rows) and checkpoint (columns), the chunks per 100 MB of N+1 and the
+    median throughput over every checkpoint: the table docs/performance.md shows."""
+    import statistics
+
+    pairs = list(dict.fromkeys((r.scenario, r.container) for r in rows))
+    chunkings = list(dict.fromkeys(r.chunking for r in rows))
+    cell = {(r.scenario, r.container, r.chunking): r for r in rows}
+    short = {"runtime": "rt", "lightning": "L", "safetensors": "st", "dcp": "dcp"}
+    names = [f"{s}/{short.get(c, c)}" for s, c in pairs]
+    print("\n| chunking | " + " | ".join(names) + " | chunks per 100 MB | MB/s (median) |")
+    print("|---" * (len(names) + 3) + "|")
+    for chunking in chunkings:
+        found = [cell[(s, c, chunking)] for s, c in pairs if (s, c, chunking) in cell]
+        reuse = [f"{r.reuse:.0%}" for r in found]
+        per_100 = statistics.median(r.chunks / (r.bytes / 1e8) for r in found)
+        speeds = [r.mb_s for r in found if r.seconds]
+        speed = f"{statistics.median(speeds):.0f}" if speeds else "-"
+        print(f"| {chunking} | " + " | ".join(reuse) + f" | {per_100:.0f} | {speed} |")
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -322,10 +369,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--scenarios", default="full,frozen,frozen-rng,embedding,external")
     p.add_argument("--containers", default=",".join(CONTAINERS))
-    p.add_argument("--fixed", default="64K,256K,1M,4M,8M")
-    p.add_argument("--tensor", default="1M,4M")
+    p.add_argument("--fixed", default="64K,128K,256K,1M,4M,8M")
+    p.add_argument("--tensor", default="64K,256K,1M,4M")
     p.add_argument("--cdc", default="64K,256K,1M,4M")
     p.add_argument("--shard-mib", type=float, default=32.0)
+    p.add_argument(
+        "--pack-sizes",
+        default="64K,256K,1M,4M",
+        help="chunk sizes at which to time restorepoint.pack of the first scenario's runtime "
+        "checkpoint N+1 (empty: none)",
+    )
+    p.add_argument("--pack-repeat", type=int, default=3)
     p.add_argument("--workdir", type=Path)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -370,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     sizes: dict[str, int] = {}
     fractions: dict[str, float] = {}
+    packs: list[dict[str, Any]] = []
     try:
         for scenario in args.scenarios:
             out = work / scenario
@@ -383,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
                 f" train; written in {time.perf_counter() - started:.1f} s",
                 flush=True,
             )
+            if args.pack_sizes and not packs and "runtime" in containers:
+                chunk_sizes = [parse_size(x) for x in args.pack_sizes.split(",") if x]
+                packs = pack_costs(out / "runtime" / "b", chunk_sizes, args.pack_repeat)
             for container in containers:
                 found = measure(
                     scenario, container, out / container / "a", out / container / "b", chunkings
@@ -393,12 +451,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
     print_table(rows, sizes)
+    print_summary(rows)
+    for cost in packs:
+        print(
+            f"pack of the runtime's N+1 ({args.scenarios[0]}), chunk "
+            f"{size_label(cost['chunk_size'])}: {cost['seconds']:.3f} s, stored "
+            f"{cost['stored'] / 1e6:.1f} MB (load {cost['load']:.2f})"
+        )
     if args.json:
         report = {
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "cdc": cdc_available(),
             "note": note,
             "trained_fraction": fractions,
+            "pack": packs,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "rows": [
                 asdict(r) | {"reuse": r.reuse, "mb_s": r.mb_s if r.seconds else None} for r in rows

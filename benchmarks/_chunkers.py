@@ -8,6 +8,8 @@ sha256. Three kinds:
 - ``tensor``: a cut at the start of every tensor the container names without running a
   pickle (a safetensors header, a torch zip's member table), and fixed ``size`` pieces from
   each cut; files with no such table are chunked as ``fixed``.
+- ``grouped``: as ``tensor``, but only tensors of at least 64 KiB get cuts (at their start and
+  end): a run of shorter tensors is one segment.
 - ``cdc``: content-defined chunking, FastCDC 2020 from ``pyfastcdc`` (a Cython extension),
   with an average size ``size`` (min size/4, max size*4, the library's defaults).
 """
@@ -25,6 +27,8 @@ from pathlib import Path
 
 #: A safetensors header larger than this is not one we wrote.
 MAX_HEADER = 100_000_000
+#: ``grouped``: tensors shorter than this share segments with their neighbours.
+GROUP_BELOW = 64 << 10
 #: A zip local file header's fixed part (APPNOTE 4.3.7).
 ZIP_LOCAL_HEADER = 30
 
@@ -128,6 +132,25 @@ def tensor_cuts(size: int) -> Cutter:
     return cut
 
 
+def grouped_cuts(size: int) -> Cutter:
+    """As ``tensor_cuts``, but a tensor shorter than ``GROUP_BELOW`` gets no cut of its own:
+    a run of short tensors (biases, norms) is one segment, cut in fixed pieces."""
+
+    def cut(path: Path, data: memoryview) -> Iterator[tuple[int, int]]:
+        starts = [s for s in tensor_starts(path, data) or [] if 0 < s < len(data)]
+        ends = [*starts[1:], len(data)] if starts else []
+        bounds = {0, len(data)}
+        for start, end in zip(starts, ends, strict=True):
+            if end - start >= GROUP_BELOW:
+                bounds |= {start, end}
+        ordered = sorted(bounds)
+        for lo, hi in itertools.pairwise(ordered):
+            for start in range(lo, hi, size):
+                yield start, min(size, hi - start)
+
+    return cut
+
+
 def cdc_cuts(size: int) -> Cutter:
     from pyfastcdc import FastCDC
 
@@ -150,7 +173,8 @@ class Chunking:
         return f"{self.kind} {size_label(self.size)}"
 
     def cutter(self) -> Cutter:
-        return {"fixed": fixed_cuts, "tensor": tensor_cuts, "cdc": cdc_cuts}[self.kind](self.size)
+        kinds = {"fixed": fixed_cuts, "tensor": tensor_cuts, "grouped": grouped_cuts}
+        return (kinds | {"cdc": cdc_cuts})[self.kind](self.size)
 
 
 # -- what is measured ------------------------------------------------------------------------

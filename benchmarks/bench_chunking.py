@@ -5,7 +5,8 @@ checkpoints of real training.
     python benchmarks/bench_chunking.py [--model minilm|tiny] [--steps 3] [--between 1]
         [--scenarios full,frozen,frozen-rng,embedding,external]
         [--containers runtime,lightning,safetensors,dcp]
-        [--fixed 64K,128K,256K,1M,4M,8M] [--tensor 64K,256K,1M,4M] [--cdc 64K,256K,1M,4M]
+        [--fixed 64K,128K,256K,1M,4M,8M] [--tensor 64K,256K,1M,4M]
+        [--grouped 64K,256K,1M,4M] [--cdc 64K,256K,1M,4M]
         [--shard-mib 32] [--pack-sizes 64K,256K,1M,4M] [--pack-repeat 3] [--workdir DIR]
         [--json]
 
@@ -371,6 +372,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--containers", default=",".join(CONTAINERS))
     p.add_argument("--fixed", default="64K,128K,256K,1M,4M,8M")
     p.add_argument("--tensor", default="64K,256K,1M,4M")
+    p.add_argument("--grouped", default="64K,256K,1M,4M")
     p.add_argument("--cdc", default="64K,256K,1M,4M")
     p.add_argument("--shard-mib", type=float, default=32.0)
     p.add_argument(
@@ -395,6 +397,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def chunkings_for(args: argparse.Namespace) -> tuple[list[Chunking], str | None]:
     out = [Chunking("fixed", parse_size(s)) for s in args.fixed.split(",") if s]
     out += [Chunking("tensor", parse_size(s)) for s in args.tensor.split(",") if s]
+    out += [Chunking("grouped", parse_size(s)) for s in args.grouped.split(",") if s]
     version = cdc_available()
     cdc = [Chunking("cdc", parse_size(s)) for s in args.cdc.split(",") if s]
     if cdc and version is None:

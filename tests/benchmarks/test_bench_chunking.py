@@ -24,7 +24,8 @@ def test_tiny_run_measures_every_container(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             *(sys.executable, str(SCRIPT), "--model", "tiny", "--scenarios", "frozen,external"),
-            *("--fixed", "64K", "--tensor", "64K", "--cdc", "64K", "--json"),
+            *("--fixed", "64K", "--tensor", "64K", "--grouped", "64K", "--cdc", "64K"),
+            *("--pack-sizes", "64K,4M", "--pack-repeat", "1", "--json"),
             *("--workdir", str(tmp_path / "work")),
         ],
         capture_output=True,
@@ -42,11 +43,12 @@ def test_tiny_run_measures_every_container(tmp_path: Path) -> None:
     # container, in chunks cut at each tensor's start. Lightning's ModelCheckpoint state grows
     # with every save and moves its tensors, so fixed chunks find nothing there.
     for container in containers:
-        for chunking in ("fixed 64K", "tensor 64K"):
+        for chunking in ("fixed 64K", "tensor 64K", "grouped 64K"):
             row = rows[("frozen", container, chunking)]
             assert row["chunks"] > 1, row
-            if chunking == "tensor 64K" or container != "lightning":
+            if chunking != "fixed 64K" or container != "lightning":
                 assert row["reuse"] > 0.5, row
+    assert [p["chunk_size"] for p in report["pack"]] == [64 << 10, 4 << 20]
     # The external trainer's data files are unchanged, file for file.
     assert rows[("external", "external", "whole file")]["reused"] > 0
     cdc = [key for key in rows if key[2].startswith("cdc")]

@@ -95,9 +95,10 @@ class FaultProxy:
         self.requests = 0
         #: requests since the start, never reset
         self.total = 0
-        #: connections being served now (a crash test waits for 0 after a kill: what the
-        #: killed client had sent whole still reaches the server)
+        #: requests read whole and not yet answered (a crash test waits for 0 after a kill:
+        #: what the killed client had sent whole still reaches the server)
         self.inflight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
         self._random = random.Random(self.faults.seed)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -158,11 +159,18 @@ class FaultProxy:
         return None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.inflight += 1
+        # Python 3.11's start_server keeps no reference to the task it makes for a connection:
+        # keep one, so that a task waiting on a connection is never collected half-way.
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        handling = False
         try:
             request = await _read_request(reader, writer, self.faults.bandwidth)
             if request is None:
                 return
+            self.inflight += 1
+            handling = True
             self.requests += 1
             self.total += 1
             kind = self._choose(self.requests, request)
@@ -172,9 +180,11 @@ class FaultProxy:
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, OSError):
             pass
         finally:
-            self.inflight -= 1
+            if handling:
+                self.inflight -= 1
             if not writer.is_closing():
                 writer.close()
+            self._tasks.discard(task)  # type: ignore[arg-type]
 
     async def _handle(self, request: bytes, kind: str | None, writer: asyncio.StreamWriter) -> None:
         f = self.faults

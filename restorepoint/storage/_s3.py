@@ -6,10 +6,11 @@ interrupted multipart uploads a killed writer leaves, listed and aborted by prun
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from typing import Any, BinaryIO, ClassVar
 
-from ..errors import StorageUnavailable
-from ._base import Abilities, ObjectReader, PendingUpload, Publisher, join_url
+from ..errors import NotFound, StorageUnavailable
+from ._base import Abilities, ObjectInfo, ObjectReader, PendingUpload, Publisher, join_url
 from ._errors import translating
 from ._fsspec import (
     _STREAM_BLOCK,
@@ -17,6 +18,7 @@ from ._fsspec import (
     RangeStream,
     _DeferredPublisher,
     _FsspecReader,
+    _modified,
 )
 from ._retry import retriable, retry_async
 
@@ -232,6 +234,30 @@ class S3Location(FsspecLocation):
 
     def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
         return _S3Publisher(self.url, self.fs, self.path, size_hint, create_only)
+
+    def iter_objects(self) -> Iterator[ObjectInfo]:
+        # S3 lists keys in order, a page (1,000 keys) at a time: one page is held, not the
+        # store (fsck on a store of 100k objects). Keys sharing a prefix come together.
+        bucket, _, prefix = self.path.partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        with translating(self.url):
+            while True:
+                try:
+                    page = _call(self.fs, "list_objects_v2", **kwargs)
+                except FileNotFoundError:
+                    raise NotFound(f"bucket {bucket!r} not found", url=self.url) from None
+                for obj in page.get("Contents", []) or []:
+                    key = str(obj["Key"])
+                    if key.endswith("/"):
+                        continue  # a "directory" marker, no object
+                    rel = key[len(prefix) :]
+                    yield ObjectInfo(
+                        rel, join_url(self.url, rel), int(obj.get("Size") or 0), _modified(obj)
+                    )
+                if not page.get("IsTruncated"):
+                    return
+                kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
     def pending_uploads(self) -> list[PendingUpload]:
         bucket, _, prefix = self.path.partition("/")

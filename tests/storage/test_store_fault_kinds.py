@@ -255,3 +255,34 @@ def test_a_lost_answer_then_another_writer_is_not_taken_for_this_upload(
     proxy.set(Faults())
     assert _get(s3_client, s3_bucket, key) == data
     assert _uploads(s3_client, s3_bucket) == []
+
+
+def test_pack_deadline_cuts_retries_short_through_the_cli(
+    proxy: FaultProxy, s3_client: Any, s3_bucket: str, prefix: str, tmp_path: Path
+) -> None:
+    """``pack --deadline 2`` against a store answering 503 for ever, under a policy that would
+    retry each request for minutes: the CLI gives up by the deadline, one line, exit 4, and
+    the previous restore point is what the name holds."""
+    url = prefix + "ckpt.rp"
+    pack(
+        checkpoint(tmp_path / "old", seed=12), resolve(url, s3_options(proxy.endpoint)), position=1
+    )
+    key = url.removeprefix(f"s3://{s3_bucket}/")
+    before = _get(s3_client, s3_bucket, key)
+    proxy.set(Faults(error=1.0))
+    env = s3_env_for(s3_options(proxy.endpoint))
+    env.update(
+        RESTOREPOINT_STORE_ATTEMPTS="1000",
+        RESTOREPOINT_STORE_BACKOFF="1",
+        RESTOREPOINT_STORE_BACKOFF_CAP="1",
+    )
+    source = str(checkpoint(tmp_path / "new", seed=13))
+    result = cli("pack", source, url, "--step", "2", "--deadline", "2", env=env, timeout=90)
+    assert result.returncode == 4, result.stderr
+    assert "the deadline is near" in one_error_line(result)
+    assert proxy.injected["error"] < 1000
+    proxy.set(Faults())
+    assert _get(s3_client, s3_bucket, key) == before
+    result = cli("pack", source, url, "--step", "2", "--deadline", "0", env=env)
+    assert result.returncode == 2
+    assert "--deadline" in one_error_line(result)

@@ -286,3 +286,27 @@ def test_pack_deadline_cuts_retries_short_through_the_cli(
     result = cli("pack", source, url, "--step", "2", "--deadline", "0", env=env)
     assert result.returncode == 2
     assert "--deadline" in one_error_line(result)
+
+
+@pytest.mark.gcs
+def test_a_short_body_is_never_taken_for_the_data_on_gcs(
+    gcs_fault_proxy: FaultProxy, gcs_bucket: str
+) -> None:
+    """The same on GCS: a ranged read answered with half its body under a matching length
+    fails (StorageUnavailable), never returns the half; with the proxy healthy it reads whole."""
+    from _servers.gcs import gcs_options
+
+    data = payload(100_000, seed=14)
+    location = resolve(f"gs://{gcs_bucket}/short/obj.bin", gcs_options(gcs_fault_proxy.endpoint))
+    with location.publish(size_hint=len(data)) as pub:
+        pub.write(data)
+    reader = location.reader()
+    try:
+        gcs_fault_proxy.set(Faults(rules=[Rule(r"^GET \S*alt=media", "short", times=1000)]))
+        with pytest.raises(StorageUnavailable, match="asked for 50000 bytes"):
+            reader.read_range(1000, 51_000)
+        assert gcs_fault_proxy.injected["short"] >= 1
+        gcs_fault_proxy.set(Faults())
+        assert reader.read_range(1000, 51_000) == data[1000:51_000]
+    finally:
+        reader.close()

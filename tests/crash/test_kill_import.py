@@ -220,6 +220,6 @@ def test_kill_import_from_s3(
     s3_client.put_object(Bucket=s3_bucket, Key="run/new.rp", Body=Path(path).read_bytes())
     url = f"s3://{s3_bucket}/run/new.rp"
     run_trials(
-        old, url, new, tmp_path, replace=True, trials=trials(8), env=s3_env,
+        old, url, new, tmp_path, replace=True, trials=trials(6), env=s3_env,
         options=s3_storage_options,
     )  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -120,19 +122,31 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
         Path | None,
         typer.Option(help="Also write a handoff file (JSON) for `import --expect` elsewhere."),
     ] = None,
+    deadline: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds from now within which the store must answer (a stop's time left): "
+            "no retry waits past it.",
+        ),
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Pack a checkpoint into a restore point, published atomically at DEST."""
+    # The deadline counts from the command's start, the time it takes to read options included.
+    until = None if deadline is None else time.monotonic() + deadline
 
     def body() -> None:  # noqa: PLR0912, PLR0915 - the pack verb's option combinations, each refused or honoured here
         from ..format import Position
         from ..ops import load_config
         from ..ops.publish import HeadSpec, PackOptions, publish
         from ..ops.store import KeepBest
+        from ..storage import store_deadline
         from ..trust import load_public, load_signing_key
 
         if batch is not None and epoch is None:
             raise UsageError("--batch needs --epoch")
+        if deadline is not None and not deadline > 0:
+            raise UsageError(f"--deadline {deadline:g}: give a number of seconds above 0")
         best = KeepBest.of(keep_best, best_metric, mode, "--best-metric")
         metrics = parse_metrics(metric)
         config_data = load_config(config) if config is not None else None
@@ -173,7 +187,10 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
             sign=tuple(load_signing_key(p) for p in sign or []),
             encrypt_to=tuple(load_public(p, "encryption") for p in encrypt_to or []),
         )
-        with progress_bar(show_progress(json_), "packing") as (on_start, advance):
+        with (
+            store_deadline(until) if until is not None else contextlib.nullcontext(),
+            progress_bar(show_progress(json_), "packing") as (on_start, advance),
+        ):
             done = publish(
                 source_dir, dest, head, pack_options, include=include, keep_last=keep_last,
                 keep_best=best, handoff=handoff, progress=advance, on_start=on_start,

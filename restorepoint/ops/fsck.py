@@ -7,9 +7,10 @@
                ->  open multipart uploads
                ->  with --repair only: prune's own leftover cleanup (19.5, K5), nothing else
 
-Memory: the listing's names (what the backend's listing holds anyway) and one small record per
-finding; a restore point's head and index are read, checked and dropped before the next one,
-so a store of 100k objects costs what its names cost, never what its heads do.
+Memory: one run's listing at a time (the store's listing streams, grouped by run, from local
+paths and S3), one small record per finding, and the open uploads; a restore point's head and
+index are read, checked and dropped before the next one. A store of 100k objects in many runs
+costs what its largest run's names cost, never what the store's or its heads do.
 
 What fsck may remove is exactly what prune removes as leftovers, because it is prune's code
 that removes it (``store._leftovers``): partial names, parts whose commit is gone, and open
@@ -20,6 +21,7 @@ only a person knows whether they are the last copy of something.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,35 +154,21 @@ def fsck(  # noqa: PLR0913 - public API: the check's keyword options
     now = time.time() if now is None else now
     location = _store(store, storage_options)
     report = FsckReport(location.url, read_data, grace_s)
+    repaired: list[str] = []
     with at_url(location.url):
-        listing = location.list_objects()
-        # What prune would remove now, by prune's own selection from this listing (a dry run
-        # deletes nothing).
-        removable = set(_leftovers(location, None, grace_s, now, dry_run=True, listing=listing))
-        report.objects = len(listing)
-        commits: set[str] = set()
-        parts: dict[str, list[str]] = {}  # commit's store name -> its listed parts
-        for info in listing:
-            if _classify(location, info, removable, grace_s, now, report):
-                commits.add(info.name)
-            elif (commit := _part_of(info.name)) is not None and not _is_partial(info.name):
-                parts.setdefault(commit, []).append(info.name)
-        del listing
-        for commit, names in sorted(parts.items()):
-            if commit in commits:
-                continue
-            for name in sorted(names):
-                url = location.join(name).url
-                report.findings.append(
-                    _pending_or_not(
-                        Finding(
-                            "orphan_part", name, url, f"its commit {commit} is not in the store"
-                        ),
-                        url in removable,
-                    )
+        # One run's objects at a time (the listing streams them grouped by their top-level
+        # name): memory follows the largest run, never the store.
+        for _, group in itertools.groupby(location.iter_objects(), key=_top):
+            listing = list(group)
+            report.objects += len(listing)
+            _check_group(location, listing, grace_s, now, report, trust)
+            if repair:
+                # Prune's cleanup (K5) on the same listing, not a copy of it: fsck removes
+                # only what prune removes.
+                repaired += _leftovers(
+                    location, None, grace_s, now, dry_run=False, listing=listing, uploads=False
                 )
-        for name in sorted(commits):
-            _check_restore_point(location, name, parts.get(name, []), report, trust)
+        removable = set(_leftovers(location, None, grace_s, now, dry_run=True, listing=[]))
         for upload in location.pending_uploads():
             token = f"{upload.url} (incomplete upload {upload.upload_id})"
             young = upload.initiated is None or now - upload.initiated < grace_s
@@ -196,10 +184,51 @@ def fsck(  # noqa: PLR0913 - public API: the check's keyword options
                 )
             )
         if repair:
-            # Prune's cleanup, not a copy of it: fsck removes only what prune removes.
-            report.repaired = _leftovers(location, None, grace_s, now, dry_run=False)
+            repaired += _leftovers(location, None, grace_s, now, dry_run=False, listing=[])
+            report.repaired = repaired
     report.findings.sort(key=lambda f: (KINDS.index(f.kind), f.name, f.url))
     return report
+
+
+def _top(info: ObjectInfo) -> str:
+    return info.name.partition("/")[0]
+
+
+def _check_group(  # noqa: PLR0913, PLR0917 - one run's listing, and what the check is given
+    location: Location,
+    listing: list[ObjectInfo],
+    grace_s: float,
+    now: float,
+    report: FsckReport,
+    trust: Trust,
+) -> None:
+    """C2 to C4 on the objects under one top-level name (a run, or one object at the top):
+    a part and its commit always lie under the same run."""
+    # What prune would remove now, by prune's own selection from this listing (a dry run
+    # deletes nothing); the open uploads are the store's, looked at once, after.
+    removable = set(
+        _leftovers(location, None, grace_s, now, dry_run=True, listing=listing, uploads=False)
+    )
+    commits: set[str] = set()
+    parts: dict[str, list[str]] = {}  # commit's store name -> its listed parts
+    for info in listing:
+        if _classify(location, info, removable, grace_s, now, report):
+            commits.add(info.name)
+        elif (commit := _part_of(info.name)) is not None and not _is_partial(info.name):
+            parts.setdefault(commit, []).append(info.name)
+    for commit, names in sorted(parts.items()):
+        if commit in commits:
+            continue
+        for name in sorted(names):
+            url = location.join(name).url
+            report.findings.append(
+                _pending_or_not(
+                    Finding("orphan_part", name, url, f"its commit {commit} is not in the store"),
+                    url in removable,
+                )
+            )
+    for name in sorted(commits):
+        _check_restore_point(location, name, parts.get(name, []), report, trust)
 
 
 def _pending_or_not(finding: Finding, removable: bool) -> Finding:

@@ -528,10 +528,11 @@ def _leftovers(  # noqa: PLR0913 - K5's scope, GRACE, clock and mode, and a list
     dry_run: bool,
     *,
     listing: list[ObjectInfo] | None = None,
+    uploads: bool = True,
 ) -> list[str]:
     """Partial names and incomplete uploads older than the grace period: never a live one.
     ``listing``: the scope's listing, made by the caller (fsck selects from the listing it
-    checks)."""
+    checks, one run at a time); ``uploads``: look at the incomplete uploads too."""
     scope = location.join(run) if run is not None else location
     out = []
     listing = scope.list_objects() if listing is None else listing
@@ -556,7 +557,7 @@ def _leftovers(  # noqa: PLR0913 - K5's scope, GRACE, clock and mode, and a list
         out.append(info.url)
         if not dry_run:
             scope.join(info.name).delete()
-    for upload in scope.pending_uploads():
+    for upload in scope.pending_uploads() if uploads else ():
         if upload.initiated is None or now - upload.initiated < grace_s:
             continue
         out.append(f"{upload.url} (incomplete upload {upload.upload_id})")

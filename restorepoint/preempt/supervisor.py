@@ -18,8 +18,11 @@
    that cannot snapshot: its newest periodic checkpoint), the trainer is stopped (SIGTERM,
    then SIGKILL after ``kill_after_s``), and the supervisor exits 42, also when the publish
    did not land in time (the store's previous restore point stays the newest; the log says
-   so). A trainer that exits 42 (resumable) makes the supervisor exit 42 too; no signal death
-   code of a stopped trainer is passed on.
+   so). A stop, and a notice with a deadline, set the store deadline (spec 15.5) to the time
+   the supervisor waits for the publish (the notice's deadline less the margin, or
+   ``snapshot_timeout_s`` from the stop) until the supervisor ends: no store request of its
+   publishes is retried past it. A trainer that exits 42 (resumable) makes the supervisor exit
+   42 too; no signal death code of a stopped trainer is passed on.
 
 Trainers report themselves up by writing ``$RESTOREPOINT_READY_DIR/PID.json`` (ResumableRun does,
 once its handlers are installed). Telemetry is a JSON-lines file of counts and timings: never a
@@ -63,6 +66,7 @@ from ..runtime.contract import (
     read_ready,
     request_snapshot,
 )
+from ..storage import store_deadline
 from ..trust import Trust, load_signing_key
 from .external import ExternalLoop
 from .resume import ResumeSteps
@@ -174,6 +178,9 @@ class Supervisor(ResumeSteps):
         self._marker_renewed = 0.0
         # The spot-queue loop around an external trainer (made by run_trainer).
         self._loop: ExternalLoop | None = None
+        # The store deadlines a stop or a notice set (the earliest wins), undone when
+        # run_trainer ends: the deadline is process-global and must not outlive the run.
+        self._deadlines = contextlib.ExitStack()
 
     @property
     def self_publishing(self) -> bool:
@@ -293,6 +300,7 @@ class Supervisor(ResumeSteps):
         if stop:
             self._stopping = True
             self._stop_taken = notice.detail
+        deadline = self._deadline(notice)
         ready = self.ready()
         if self._loop is not None and self._loop.up and self._proc is not None:
             # An external trainer writes no ready file: its ready line says it is up.
@@ -360,14 +368,6 @@ class Supervisor(ResumeSteps):
         elif not fallback:
             published_before = self._loop.newest_step()
             self._loop.request_snapshot()
-        if notice.deadline:
-            # Inside the margin already: what is left of the time up to the deadline is
-            # still worth waiting for.
-            deadline = notice.deadline - self.margin_s
-            if deadline <= time.time():
-                deadline = notice.deadline
-        else:
-            deadline = time.time() + self.snapshot_timeout_s
         interruptible = not stop
         if self._loop is not None:
             give_way = self._stop_notice_waiting if interruptible else None
@@ -402,6 +402,24 @@ class Supervisor(ResumeSteps):
             if self._loop is not None:
                 self._stop_trainer(notice.deadline)
         return in_time
+
+    def _deadline(self, notice: Notice) -> float:
+        """How long (time.time()) a notice waits for its restore point: its deadline less the
+        margin (all of it inside the margin already), or ``snapshot_timeout_s``. A stop or a
+        notice with a deadline bounds the store's retries by it too, from now on: the machine
+        goes then, and every store request of this process (the listing here, the snapshot's
+        publish, a publish still retrying against a failing store) gives up by it, its upload
+        aborted while the process lives, rather than retry into the reclaim."""
+        if notice.deadline:
+            deadline = notice.deadline - self.margin_s
+            if deadline <= time.time():
+                deadline = notice.deadline
+        else:
+            deadline = time.time() + self.snapshot_timeout_s
+        if notice.kind == "stop" or notice.deadline:
+            when = time.monotonic() + max(0.0, deadline - time.time())
+            self._deadlines.enter_context(store_deadline(when))
+        return deadline
 
     def _say_stop(self, notice: Notice, published: bool) -> None:
         if published and self._loop is not None:
@@ -529,6 +547,7 @@ class Supervisor(ResumeSteps):
             raise
         finally:
             self._release_marker()
+            self._deadlines.close()
             if self.watcher is not None:
                 self.watcher.stop()
             for signum, handler in previous.items():

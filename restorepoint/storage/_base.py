@@ -126,6 +126,13 @@ class Location:
         is never hidden. A prefix that does not exist holds nothing."""
         raise NotImplementedError
 
+    def iter_objects(self) -> Iterator[ObjectInfo]:
+        """The objects of ``list_objects``, one at a time, in an order where the objects under
+        each top-level name (a run's prefix) come together, and those in name order: a caller
+        that groups them by that name holds one group at a time, never the whole listing. The
+        backends that can stream (local paths, S3) do; the others list whole first."""
+        yield from self.list_objects()
+
     def delete(self) -> None:
         """Remove this object; one that is already gone is not an error."""
         raise NotImplementedError

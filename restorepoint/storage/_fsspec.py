@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, BinaryIO, ClassVar
 
-from ..errors import NotFound, StorageError
+from ..errors import NotFound, StorageError, StorageUnavailable
 from ._base import (
     Abilities,
     Location,
@@ -20,7 +20,7 @@ from ._base import (
 from ._errors import translating
 from ._names import partial_name
 
-__all__ = ["FsspecLocation", "RangeStream"]
+__all__ = ["FsspecLocation", "RangeStream", "whole"]
 
 _STREAM_BLOCK = 8 << 20
 
@@ -51,7 +51,9 @@ class _FsspecReader:
         if end <= start:
             return b""
         with translating(self.url):
-            return bytes(self.fs.cat_file(self.path, start=start, end=end))
+            return whole(
+                bytes(self.fs.cat_file(self.path, start=start, end=end)), end - start, self.url
+            )
 
     def open_stream(self, start: int) -> BinaryIO:
         with translating(self.url):
@@ -65,6 +67,16 @@ class _FsspecReader:
             with contextlib.suppress(Exception):
                 s.close()
         self._streams.clear()
+
+
+def whole(data: bytes, asked: int, url: str) -> bytes:
+    """``data`` when it holds the ``asked`` bytes of a range: a body cut short (under a length
+    that says so or not) is never taken for the range."""
+    if len(data) != asked:
+        raise StorageUnavailable(
+            f"storage failing: asked for {asked} bytes, the store sent {len(data)}", url=url
+        )
+    return data
 
 
 class RangeStream:

@@ -9,7 +9,7 @@ from typing import Any, BinaryIO, ClassVar
 from ..errors import NotFound, PermissionDenied, StorageUnavailable
 from ._base import Abilities, ObjectReader
 from ._errors import translating
-from ._fsspec import _STREAM_BLOCK, FsspecLocation, RangeStream, _FsspecReader
+from ._fsspec import _STREAM_BLOCK, FsspecLocation, RangeStream, _FsspecReader, whole
 
 __all__ = ["GCSLocation", "gcs_credentials"]
 
@@ -78,16 +78,15 @@ class _PinnedGCSReader(_FsspecReader):
 
         try:
             with translating(self.url):
-                return bytes(
-                    sync(
-                        self.fs.loop,
-                        self.fs._cat_file_sequential,
-                        self.path,
-                        start=start,
-                        end=end,
-                        generation=self._generation,
-                    )
+                data = sync(
+                    self.fs.loop,
+                    self.fs._cat_file_sequential,
+                    self.path,
+                    start=start,
+                    end=end,
+                    generation=self._generation,
                 )
+            return whole(bytes(data), end - start, self.url)
         except NotFound as exc:
             raise StorageUnavailable(
                 "the object was replaced while it was read (its generation is gone); read it again",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from typing import BinaryIO, ClassVar
 
 from .._posix import fsync_dir
@@ -126,26 +127,40 @@ class LocalLocation(Location):
         return LocalLocation(url, os.path.join(os.path.dirname(self.path), *name.split("/")))
 
     def list_objects(self) -> list[ObjectInfo]:
-        out: list[ObjectInfo] = []
-        if not os.path.isdir(self.path):
-            return out
+        return sorted(self.iter_objects(), key=lambda o: o.name)
 
+    def iter_objects(self) -> Iterator[ObjectInfo]:
+        # One top-level entry (a run's directory) at a time, sorted within it: the store's
+        # listing is never held whole (fsck on a store of 100k objects).
+        if not os.path.isdir(self.path):
+            return
+        with translating(self.url):
+            for top in sorted(os.listdir(self.path)):
+                full = os.path.join(self.path, top)
+                try:
+                    st = os.lstat(full)
+                except FileNotFoundError:
+                    continue  # removed while we listed
+                if stat.S_ISDIR(st.st_mode):
+                    yield from sorted(self._walk(full), key=lambda o: o.name)
+                elif stat.S_ISREG(st.st_mode):
+                    yield ObjectInfo(top, join_url(self.url, top), st.st_size, st.st_mtime)
+
+    def _walk(self, root: str) -> Iterator[ObjectInfo]:
         def onerror(exc: OSError) -> None:
             raise translate(exc, self.url)
 
-        with translating(self.url):
-            for directory, _dirs, names in os.walk(self.path, onerror=onerror):
-                for name in names:
-                    full = os.path.join(directory, name)
-                    try:
-                        st = os.lstat(full)
-                    except FileNotFoundError:
-                        continue  # removed while we listed
-                    if not stat.S_ISREG(st.st_mode):
-                        continue
-                    rel = os.path.relpath(full, self.path).replace(os.sep, "/")
-                    out.append(ObjectInfo(rel, join_url(self.url, rel), st.st_size, st.st_mtime))
-        return sorted(out, key=lambda o: o.name)
+        for directory, _dirs, names in os.walk(root, onerror=onerror):
+            for name in names:
+                full = os.path.join(directory, name)
+                try:
+                    st = os.lstat(full)
+                except FileNotFoundError:
+                    continue  # removed while we listed
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                rel = os.path.relpath(full, self.path).replace(os.sep, "/")
+                yield ObjectInfo(rel, join_url(self.url, rel), st.st_size, st.st_mtime)
 
     def delete(self) -> None:
         with translating(self.url):

@@ -1,4 +1,4 @@
-"""The one retry policy of every object-store backend (spec 15.6): which failures are retried,
+"""The one retry policy of every object-store backend (spec 15.5): which failures are retried,
 how often, how long to wait between tries, how long a connection may take to open and how long
 a request may stall, and the deadline that bounds it all under a reclaim notice.
 
@@ -8,7 +8,7 @@ transient). :func:`take_over` turns theirs off and puts this policy around the o
 library makes per HTTP request (``S3FileSystem._call_s3``, ``GCSFileSystem._request``), and the
 pinned S3 range read (a request and its body) is retried here as a whole.
 
-The numbers (documented in docs/storage.md and spec 15.6) come from the environment, read at
+The numbers (documented in spec 15.5 and docs/reliability.md) come from the environment, read at
 each :func:`~restorepoint.storage.resolve`:
 
 - ``RESTOREPOINT_STORE_ATTEMPTS`` (5): tries per request, the first included;

@@ -1,16 +1,26 @@
 """S3: what is S3's own beside fsspec's generic backend: reads pinned to the object version
 they opened (a replace between the gate's read and the payload's is never read as one object),
-and the interrupted multipart uploads a killed writer leaves, listed and aborted by prune."""
+a multipart commit whose answer was lost (the retry finds the upload gone), and the
+interrupted multipart uploads a killed writer leaves, listed and aborted by prune."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
 from typing import Any, BinaryIO, ClassVar
 
-from ..errors import StorageUnavailable
-from ._base import Abilities, ObjectReader, PendingUpload, join_url
+from ..errors import NotFound, StorageUnavailable
+from ._base import Abilities, ObjectInfo, ObjectReader, PendingUpload, Publisher, join_url
 from ._errors import translating
-from ._fsspec import _STREAM_BLOCK, FsspecLocation, RangeStream, _FsspecReader
-from ._retry import retry_async
+from ._fsspec import (
+    _STREAM_BLOCK,
+    FsspecLocation,
+    RangeStream,
+    _DeferredPublisher,
+    _FsspecReader,
+    _modified,
+)
+from ._retry import retriable, retry_async
 
 __all__ = ["S3Location"]
 
@@ -49,9 +59,14 @@ class _PinnedS3Reader(_FsspecReader):
         )
         body = response["Body"]
         try:
-            return bytes(await body.read())
+            data = bytes(await body.read())
         finally:
             body.close()
+        if len(data) != end - start:
+            # A body cut short under a Content-Length that matches it (a broken proxy) is
+            # never taken for the range: the length asked for is the check.
+            raise _ShortRead(f"asked for {end - start} bytes, the store sent {len(data)}")
+        return data
 
     def read_range(self, start: int, end: int) -> bytes:
         end = min(end, self._size)
@@ -73,6 +88,110 @@ class _PinnedS3Reader(_FsspecReader):
 
     def open_stream(self, start: int) -> BinaryIO:
         return RangeStream(self, start, _STREAM_BLOCK)  # type: ignore[return-value]
+
+
+class _ShortRead(ConnectionError):
+    """A ranged read answered with fewer bytes than it asked for: transient (retried)."""
+
+
+class _S3Publisher(_DeferredPublisher):
+    """The multipart commit of 15.2, with the one request that is not idempotent answered:
+    a ``CompleteMultipartUpload`` whose answer was lost after S3 acted on it. Its retry finds
+    the upload gone (404 ``NoSuchUpload``, or 412 for a create-only commit once the object
+    exists); the publish is then done exactly when the object under the name is this upload:
+    its size and its multipart ETag (the MD5 of its parts' MD5s, ``-N``) are the upload's."""
+
+    def __init__(self, url: str, fs: Any, path: str, size_hint: int, create_only: bool) -> None:
+        super().__init__(url, fs, path, size_hint, create_only)
+        self.fs = fs
+        self.create_only = create_only
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.written += len(data)
+
+    def commit(self) -> None:
+        f = self.file
+        with translating(self.url):
+            f.close()  # uploads the last part; autocommit is off, so nothing completes
+            if not f.parts or f.mpu is None:
+                f.commit()  # an empty object: s3fs aborts the upload and writes it at once
+                return
+            self._complete(f)
+            f.buffer = None
+            self.fs.invalidate_cache(f.path)
+
+    def _complete(self, f: Any) -> None:
+        from fsspec.asyn import sync
+
+        raw = getattr(self.fs, "_restorepoint_raw_call_s3", self.fs._call_s3)
+        tries = 0
+        match = {"IfNoneMatch": "*"} if self.create_only else {}
+
+        async def complete() -> Any:
+            nonlocal tries
+            tries += 1
+            return await raw(
+                "complete_multipart_upload",
+                Bucket=f.bucket,
+                Key=f.key,
+                UploadId=f.mpu["UploadId"],
+                MultipartUpload={"Parts": f.parts},
+                **match,
+            )
+
+        try:
+            sync(self.fs.loop, retry_async, complete, "S3 complete_multipart_upload")
+        except Exception as exc:
+            gone = _error_code(exc) == "NoSuchUpload" or (
+                self.create_only and _precondition_failed(exc)
+            )
+            if gone and tries > 1:  # a retry, after a try that may have landed
+                if not self._landed(f):
+                    raise StorageUnavailable(
+                        "the commit's answer was lost and the upload is gone, but the object "
+                        "under the name is not this upload: nothing was published",
+                        url=self.url,
+                    ) from exc
+                return
+            # Tries spent on a complete whose answers were lost: S3 may have acted on one.
+            if retriable(exc) and self._landed(f, quiet=True):
+                return
+            raise
+
+    def _landed(self, f: Any, *, quiet: bool = False) -> bool:
+        """Whether the object under the name now is this upload, by size and multipart ETag
+        (``quiet``: a store that cannot answer says no)."""
+        from fsspec.asyn import sync
+
+        try:
+            head = sync(self.fs.loop, self.fs._call_s3, "head_object", Bucket=f.bucket, Key=f.key)
+        except FileNotFoundError:
+            return False
+        except Exception:
+            if quiet:
+                return False
+            raise
+        digests = b"".join(bytes.fromhex(str(p["ETag"]).strip('"')) for p in f.parts)
+        expected = f"{hashlib.md5(digests).hexdigest()}-{len(f.parts)}"  # noqa: S324 - S3's ETag
+        return (
+            int(head.get("ContentLength", -1)) == self.written
+            and str(head.get("ETag", "")).strip('"') == expected
+        )
+
+
+def _error_code(exc: BaseException) -> str | None:
+    """S3's error code (``NoSuchUpload``, ...) in whatever s3fs made of the answer."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = (response.get("Error", {}) or {}).get("Code")
+            if code:
+                return str(code)
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _call(fs: Any, method: str, **kwargs: Any) -> Any:
@@ -112,6 +231,33 @@ class S3Location(FsspecLocation):
 
     def reader(self) -> ObjectReader:
         return _PinnedS3Reader(self.url, self.fs, self.path)
+
+    def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
+        return _S3Publisher(self.url, self.fs, self.path, size_hint, create_only)
+
+    def iter_objects(self) -> Iterator[ObjectInfo]:
+        # S3 lists keys in order, a page (1,000 keys) at a time: one page is held, not the
+        # store (fsck on a store of 100k objects). Keys sharing a prefix come together.
+        bucket, _, prefix = self.path.partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        with translating(self.url):
+            while True:
+                try:
+                    page = _call(self.fs, "list_objects_v2", **kwargs)
+                except FileNotFoundError:
+                    raise NotFound(f"bucket {bucket!r} not found", url=self.url) from None
+                for obj in page.get("Contents", []) or []:
+                    key = str(obj["Key"])
+                    if key.endswith("/"):
+                        continue  # a "directory" marker, no object
+                    rel = key[len(prefix) :]
+                    yield ObjectInfo(
+                        rel, join_url(self.url, rel), int(obj.get("Size") or 0), _modified(obj)
+                    )
+                if not page.get("IsTruncated"):
+                    return
+                kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
     def pending_uploads(self) -> list[PendingUpload]:
         bucket, _, prefix = self.path.partition("/")

@@ -350,6 +350,26 @@ class LocationConformance:
 
     # -- caches -----------------------------------------------------------------------------
 
+    def test_iter_objects_streams_the_listing_grouped_by_top_name(
+        self, base_url: str, storage_options: dict[str, Any]
+    ) -> None:
+        """``iter_objects`` yields what ``list_objects`` lists, each top-level name's objects
+        together and in name order (fsck holds one group at a time)."""
+        prefix = base_url + "it/"
+        names = ["a-b", "a/x", "a/y/z", "a.c/q", "b", "b0/1", "b0/0"]
+        for i, name in enumerate(names):
+            self.raw_put(prefix + name, payload(10 + i, seed=i))
+        location = self.location(prefix, storage_options)
+        streamed = [o.name for o in location.iter_objects()]
+        assert sorted(streamed) == sorted(names)
+        assert [o.name for o in location.list_objects()] == sorted(names)
+        tops = [n.partition("/")[0] for n in streamed]
+        for top in set(tops):
+            run = [i for i, t in enumerate(tops) if t == top]
+            assert run == list(range(run[0], run[-1] + 1)), streamed  # together
+            group = [streamed[i] for i in run]
+            assert group == sorted(group), streamed
+
     def test_listing_cache_never_hides_a_new_object(
         self, base_url: str, storage_options: dict[str, Any]
     ) -> None:

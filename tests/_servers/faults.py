@@ -8,8 +8,18 @@ Each request the client sends is read whole (head and body) and then, by the rat
 - ``error``: answered 503 SlowDown (S3's XML or GCS's JSON) without reaching the server;
 - ``throttle``: answered 429 the same way;
 - ``stall``: held with no byte sent back for ``stall_s`` seconds, then closed;
-- ``truncate``: forwarded, and the connection closed (FIN) halfway through the response;
-- else forwarded whole, after ``latency_s`` and at most ``bandwidth`` bytes a second.
+- ``truncate``: forwarded, and the connection closed (FIN) halfway through the response, whose
+  head still says the full ``Content-Length``;
+- ``short``: forwarded, and only the first half of the response's body sent back under a
+  ``Content-Length`` rewritten to match it (a broken middlebox: nothing in HTTP tells the
+  client, only the length it asked for or a digest does);
+- ``drop``: reset (RST) before anything is forwarded: the server never sees the request;
+- ``no_such_upload``: answered 404 ``NoSuchUpload`` without reaching the server (S3 only: what
+  S3 answers a ``CompleteMultipartUpload`` retried after the first completed it);
+- else forwarded whole, after ``latency_s`` and at most ``bandwidth`` bytes a second each way.
+
+Which request gets a fault: a :class:`Rule` that matches the request's first line (the first
+``times`` matches), else the Nth request's entry in ``at``, else the rates.
 
 Every request goes upstream on a connection of its own, with ``Connection: close``, and the
 response goes back with it too (each client connection carries one request). A ``Location``
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import socket
 import struct
 import threading
@@ -30,9 +41,24 @@ from typing import Any
 
 import pytest
 
-__all__ = ["FaultProxy", "Faults", "gcs_fault_proxy", "s3_fault_proxy"]
+__all__ = ["FaultProxy", "Faults", "Rule", "gcs_fault_proxy", "s3_fault_proxy"]
 
-KINDS = ("reset", "error", "throttle", "stall", "truncate")
+KINDS = ("reset", "error", "throttle", "stall", "truncate", "short")
+#: Faults given only by a rule or ``at``, never by a rate.
+TARGETED = ("drop", "no_such_upload")
+
+
+@dataclass
+class Rule:
+    """The fault ``kind`` for the first ``times`` requests whose first line (``METHOD TARGET
+    HTTP/1.1``) matches ``pattern`` (a regular expression, searched); ``kind`` "none" lets
+    them through."""
+
+    pattern: str
+    kind: str
+    times: int = 1
+    #: how many requests it has given its fault so far
+    hits: int = 0
 
 
 @dataclass
@@ -42,6 +68,7 @@ class Faults:
     throttle: float = 0.0
     stall: float = 0.0
     truncate: float = 0.0
+    short: float = 0.0
     #: how long a stall holds a request
     stall_s: float = 5.0
     latency_s: float = 0.0
@@ -49,6 +76,8 @@ class Faults:
     bandwidth: float | None = None
     #: request number (1 for the first) -> the fault it gets, whatever the rates say
     at: dict[int, str] = field(default_factory=dict)
+    #: rules by the request's first line, looked at in order before ``at`` and the rates
+    rules: list[Rule] = field(default_factory=list)
     seed: int = 0
 
 
@@ -66,6 +95,10 @@ class FaultProxy:
         self.requests = 0
         #: requests since the start, never reset
         self.total = 0
+        #: requests read whole and not yet answered (a crash test waits for 0 after a kill:
+        #: what the killed client had sent whole still reaches the server)
+        self.inflight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
         self._random = random.Random(self.faults.seed)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -93,6 +126,8 @@ class FaultProxy:
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     @property
     def endpoint(self) -> str:
@@ -106,10 +141,15 @@ class FaultProxy:
 
     # -- one request ---------------------------------------------------------------------
 
-    def _choose(self, number: int) -> str | None:
+    def _choose(self, number: int, request: bytes) -> str | None:
         f = self.faults
+        line = request.split(b"\r\n", 1)[0].decode("latin-1")
+        for rule in f.rules:
+            if rule.hits < rule.times and re.search(rule.pattern, line):
+                rule.hits += 1
+                return None if rule.kind == "none" else rule.kind
         if number in f.at:
-            return f.at[number]
+            return None if f.at[number] == "none" else f.at[number]
         roll = self._random.random()
         for kind in KINDS:
             rate = float(getattr(f, kind))
@@ -119,26 +159,40 @@ class FaultProxy:
         return None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Python 3.11's start_server keeps no reference to the task it makes for a connection:
+        # keep one, so that a task waiting on a connection is never collected half-way.
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        handling = False
         try:
-            request = await _read_request(reader, writer)
+            request = await _read_request(reader, writer, self.faults.bandwidth)
             if request is None:
                 return
+            self.inflight += 1
+            handling = True
             self.requests += 1
             self.total += 1
-            kind = self._choose(self.requests)
+            kind = self._choose(self.requests, request)
             if kind is not None:
                 self.injected[kind] += 1
             await self._handle(request, kind, writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, OSError):
             pass
         finally:
+            if handling:
+                self.inflight -= 1
             if not writer.is_closing():
                 writer.close()
+            self._tasks.discard(task)  # type: ignore[arg-type]
 
     async def _handle(self, request: bytes, kind: str | None, writer: asyncio.StreamWriter) -> None:
         f = self.faults
-        if kind in ("error", "throttle"):
-            refusal = self._refusal(503 if kind == "error" else 429)
+        if kind == "drop":
+            _abort(writer)
+            return
+        if kind in ("error", "throttle", "no_such_upload"):
+            refusal = self._refusal({"error": 503, "throttle": 429, "no_such_upload": 404}[kind])
             if request.startswith(b"HEAD "):
                 # An answer to HEAD has no body (RFC 9110 9.3.2): aiohttp refuses one.
                 refusal = refusal[: refusal.index(b"\r\n\r\n") + 4]
@@ -165,6 +219,9 @@ class FaultProxy:
             if kind == "reset":
                 _abort(writer)
             return
+        if kind == "short":
+            body = body[: len(body) // 2]
+            head = _with_length(head, len(body))
         await self._send(writer, head + body)
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -181,7 +238,7 @@ class FaultProxy:
 
     def _refusal(self, status: int) -> bytes:
         if self.flavor == "s3":
-            code = "SlowDown" if status == 503 else "TooManyRequests"
+            code = {503: "SlowDown", 429: "TooManyRequests", 404: "NoSuchUpload"}[status]
             body = (
                 f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
                 f"<Message>injected {status}</Message></Error>"
@@ -190,7 +247,7 @@ class FaultProxy:
         else:
             body = (f'{{"error": {{"code": {status}, "message": "injected {status}"}}}}').encode()
             kind = "application/json"
-        reason = "Slow Down" if status == 503 else "Too Many Requests"
+        reason = {503: "Slow Down", 429: "Too Many Requests", 404: "Not Found"}[status]
         return (
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -214,9 +271,14 @@ class FaultProxy:
         return b"\r\n".join([*out[:-2], b"Connection: close", b"", b""])
 
 
-async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
+async def _read_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, rate: float | None = None
+) -> bytes | None:
     """One request, whole, with ``Connection: close``; None at the end of the connection. A
-    client that waits for ``100 Continue`` (botocore, before a part's body) gets it here."""
+    client that waits for ``100 Continue`` (botocore, before a part's body) gets it here. With
+    a ``rate`` (bytes a second) the body is read no faster: the client's sends block, as on a
+    slow link, rather than the server's answer coming late (which the client would count as
+    a stall)."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError:
@@ -250,9 +312,28 @@ async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
             if size == 0:
                 break
         body = b"".join(parts)
+    elif length and rate:
+        pieces = []
+        piece = max(1024, int(rate / 20))
+        while length > 0:
+            pieces.append(await reader.readexactly(min(piece, length)))
+            length -= len(pieces[-1])
+            await asyncio.sleep(len(pieces[-1]) / rate)
+        body = b"".join(pieces)
     elif length:
         body = await reader.readexactly(length)
     return b"\r\n".join([*kept, b"Connection: close", b"", b""]) + body
+
+
+def _with_length(head: bytes, length: int) -> bytes:
+    """A response head whose ``Content-Length`` says ``length``."""
+    lines = [
+        f"Content-Length: {length}".encode()
+        if line.split(b":", 1)[0].strip().lower() == b"content-length"
+        else line
+        for line in head.split(b"\r\n")
+    ]
+    return b"\r\n".join(lines)
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:

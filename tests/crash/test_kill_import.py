@@ -86,8 +86,10 @@ def restore_points(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str,
     return old, url, new
 
 
-def _spawn(url: str, dest: Path, flags: list[str], linger: float) -> subprocess.Popen[str]:
-    return spawn_ready(IMPORTER, [url, str(dest), str(linger), *flags], "importer")
+def _spawn(
+    url: str, dest: Path, flags: list[str], linger: float, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    return spawn_ready(IMPORTER, [url, str(dest), str(linger), *flags], "importer", env)
 
 
 def _leftovers(parent: Path, dest: Path, pid: int) -> list[str]:
@@ -100,7 +102,16 @@ def _leftovers(parent: Path, dest: Path, pid: int) -> list[str]:
 
 
 def run_trials(
-    old: Path, url: str, new: Path, parent: Path, replace: bool, exchange: bool = True
+    old: Path,
+    url: str,
+    new: Path,
+    parent: Path,
+    replace: bool,
+    exchange: bool = True,
+    *,
+    trials: int = TRIALS,
+    env: dict[str, str] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Counter[str]:
     dest = parent / "ckpt"
     flags = (["--force"] if replace else []) + ([] if exchange else ["--no-exchange"])
@@ -118,7 +129,7 @@ def run_trials(
     durations = []
     for _ in range(3):
         reset()
-        proc = _spawn(url, dest, flags, linger=0.0)
+        proc = _spawn(url, dest, flags, linger=0.0, env=env)
         started = time.perf_counter()
         assert proc.stdout is not None
         done = proc.stdout.readline()
@@ -130,18 +141,18 @@ def run_trials(
     duration = sorted(durations)[1]
 
     rng = random.Random(SEED + replace + 2 * (not exchange))
-    # Stratified: one delay drawn in each of TRIALS equal slices of [0, REACH * duration].
-    delays = [(i + rng.random()) / TRIALS * REACH * duration for i in range(TRIALS)]
+    # Stratified: one delay drawn in each of `trials` equal slices of [0, REACH * duration].
+    delays = [(i + rng.random()) / trials * REACH * duration for i in range(trials)]
     rng.shuffle(delays)
     scenario = ("replace" if replace else "absent") + ("" if exchange else " (two renames)")
     print(
         f"\ncrash seed {SEED}: DEST {scenario}, import {duration:.3f} s, "
-        f"{TRIALS} kills in [0, {REACH * duration:.3f}] s"
+        f"{trials} kills in [0, {REACH * duration:.3f}] s"
     )
     outcomes: Counter[str] = Counter()
     for i, delay in enumerate(delays):
         reset()
-        proc = _spawn(url, dest, flags, linger=LINGER)
+        proc = _spawn(url, dest, flags, linger=LINGER, env=env)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
@@ -163,13 +174,13 @@ def run_trials(
             outcomes["new tree"] += 1
         outcomes["left over"] += len(left)
         # The next import succeeds whatever the kill left, and removes the leftovers.
-        restorepoint.import_restore_point(url, dest, force=True)
+        restorepoint.import_restore_point(url, dest, force=True, storage_options=options)
         assert tree_of(dest) == expected_new, what
         assert os.listdir(parent) == [dest.name], what
     print(f"crash seed {SEED}: DEST {scenario}: {dict(outcomes)}")
     assert outcomes["as before"] > 0, f"seed {SEED}: no kill landed before the move"
     assert outcomes["new tree"] > 0, f"seed {SEED}: no kill landed after the move"
-    assert outcomes["as before"] + outcomes["new tree"] + outcomes["between the renames"] == TRIALS
+    assert outcomes["as before"] + outcomes["new tree"] + outcomes["between the renames"] == trials
     return outcomes
 
 
@@ -192,3 +203,23 @@ def test_kill_import_replacing_dest_with_two_renames(
     renames may also leave DEST absent with both trees beside it (the spec says so)."""
     old, url, new = restore_points
     run_trials(old, url, new, tmp_path, replace=True, exchange=False)
+
+
+@pytest.mark.s3
+def test_kill_import_from_s3(
+    restore_points: tuple[Path, str, Path],
+    tmp_path: Path,
+    s3_client: Any,
+    s3_bucket: str,
+    s3_env: dict[str, str],
+    s3_storage_options: dict[str, Any],
+) -> None:
+    """The restore point read from S3 (ranged, pinned reads; behind the fault proxy in a hunt
+    with RESTOREPOINT_CRASH_FAULTS), replacing DEST."""
+    old, path, new = restore_points
+    s3_client.put_object(Bucket=s3_bucket, Key="run/new.rp", Body=Path(path).read_bytes())
+    url = f"s3://{s3_bucket}/run/new.rp"
+    run_trials(
+        old, url, new, tmp_path, replace=True, trials=trials(6), env=s3_env,
+        options=s3_storage_options,
+    )  # fmt: skip

@@ -30,6 +30,7 @@ import pytest
 import restorepoint
 from restorepoint.testing.store import payload
 
+from . import _faults
 from ._ready import spawn_ready
 from ._ready import trials as kills
 
@@ -135,7 +136,7 @@ class S3Target(Target):
             serving = [
                 t for t in set(threading.enumerate()) - self._before if "process_request" in t.name
             ]
-            if not serving:
+            if not serving and _faults.idle():
                 return
             assert time.monotonic() < deadline, "the server still serves a killed packer"
             for thread in serving:

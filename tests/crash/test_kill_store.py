@@ -43,6 +43,7 @@ import pytest
 import restorepoint
 from restorepoint.testing.store import payload
 
+from . import _faults
 from ._ready import spawn_ready, trials
 
 pytestmark = pytest.mark.slow
@@ -273,7 +274,7 @@ class S3Store(Store):
             serving = [
                 t for t in set(threading.enumerate()) - self._before if "process_request" in t.name
             ]
-            if not serving and not unfinished_connections(port):
+            if not serving and not unfinished_connections(port) and _faults.idle():
                 return
             assert time.monotonic() < deadline, "the server still serves a killed worker"
             for thread in serving:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _servers.faults import FaultProxy, Faults
 from _servers.s3 import s3_env_for, s3_options
 from clirun import cli
 
@@ -312,3 +313,41 @@ def test_a_snapshot_by_hand_adds_a_restore_point_without_stopping_the_trainer(
     assert read_manifest(entry.url, storage_options=s3.options).position.step == step
     run.proc.terminate()
     run.wait()
+
+
+def test_a_stop_notice_bounds_the_retries_of_a_failing_store(
+    tmp_path: Path, s3_fault_proxy: FaultProxy, s3_bucket: str, runs: list[Run]
+) -> None:
+    """The store starts answering 503 to everything after the first periodic upload, then a
+    termination notice comes (12 s, less the 5 s margin). The store's policy here would retry
+    each request for minutes (1000 tries, a second apart); the notice's deadline cuts them
+    short: the publishes give up by it, the supervisor says the previous restore point stays
+    the newest and exits 42, long before the retries would have ended."""
+    data, out = make_data(tmp_path), tmp_path / "out"
+    store = f"s3://{s3_bucket}/runs/"
+    options = s3_options(s3_fault_proxy.endpoint)
+    env = s3_env_for(options)
+    env.update(
+        RESTOREPOINT_STORE_ATTEMPTS="1000",
+        RESTOREPOINT_STORE_BACKOFF="1",
+        RESTOREPOINT_STORE_BACKOFF_CAP="1",
+    )
+    with AwsEmulator() as aws:
+        args = loop_args(
+            tmp_path, store, out, data, "--watch", "aws", "--metadata-url", aws.url,
+            iterations=10**6, delay=0.002,
+        )  # fmt: skip
+        run = Run(tmp_path, "a", args, env)
+        runs.append(run)
+        until(lambda: events(out, "uploaded"), 120, "the first periodic upload")
+        s3_fault_proxy.set(Faults(error=1.0))
+        periodic = events(out, "uploaded")[-1]["step"]
+        aws.arm_instance_action("terminate", seconds=12)
+        assert run.wait(timeout=90) == 42, run.stderr
+    assert "no restore point landed before the deadline" in run.stderr
+    assert "the deadline is near" in run.stderr
+    assert s3_fault_proxy.injected["error"] < 1000
+    s3_fault_proxy.set(Faults())
+    (newest,) = list_store(store, run=RUN, storage_options=options)
+    assert newest.step == periodic  # the previous restore point stays the newest
+    verify(newest.url, storage_options=options)

@@ -29,6 +29,7 @@ from restorepoint.ops import list_store, pack, verify  # noqa: E402
 from restorepoint.preempt import AwsWatcher, GcpWatcher, Supervisor, Telemetry  # noqa: E402
 from restorepoint.preempt.watchers import Notice  # noqa: E402
 from restorepoint.runtime.run import run_id_for  # noqa: E402
+from restorepoint.storage import deadline_left  # noqa: E402
 from restorepoint.testing.trainer import CONFIG, OPERATIONAL  # noqa: E402
 
 from .emulators import AwsEmulator, GcpEmulator  # noqa: E402
@@ -304,6 +305,9 @@ def test_gcp_maintenance_snapshots_then_preemption_stops_in_time(
     finally:
         thread.join(WAIT)
     assert result == [42]
+    # The preemption's deadline bounded the store's retries while the supervisor ran, and
+    # ended with it: the store deadline is process-global.
+    assert deadline_left() is None
     assert status(run_dir) == "preempted"
     entries = list_store(store_url(store), run=RUN_ID)
     assert len(entries) == 2

@@ -18,7 +18,7 @@ from ..errors import IncompatibleRestorePoint, RestorePointError
 from ..ops.gate import Expectations
 from ..ops.resume import choose, resume_import, write_head_file
 from ..ops.resumed import DEFAULT_LEASE_S, ResumeMarker
-from ..ops.store import _store, list_store
+from ..ops.store import _store
 from ..runtime.contract import (
     REFUSED_FILE,
     RESUME_DIR_ENV,
@@ -130,16 +130,13 @@ class ResumeSteps:
         return command
 
     def _mark(self, url: str) -> None:
-        """A resume from an older restore point of the supervisor's own store than its run's
-        newest (an older branch) is marked (spec 19.9) while the supervisor (and so the run)
-        lives; the newest, or one from elsewhere, needs no marker."""
+        """A resume from a restore point of the supervisor's own store is marked (spec 19.9)
+        while the supervisor (and so the run) lives, the run's newest as well as an older
+        branch; one from elsewhere needs no marker."""
         location = _store(self.store, self.storage_options)
         name = url.removeprefix(location.url) if url.startswith(location.url) else ""
         try:
             marker = ResumeMarker(location, name)
-            newest = list_store(location, run=name.partition("/")[0])
-            if newest and newest[0].name == name:
-                return  # the run's newest: every prune keeps it, and a requeue resumes from it
             marker.renew()
         except ValueError:
             return  # not a store name of this store

@@ -112,16 +112,16 @@ def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str] | Non
             # place whole, so one that is there is the winner's.
             if not dest.exists():
                 raise
-    if run.is_main and (newest is None or entry.name != newest.name):
+    if run.is_main:
         mark(run, entry.name)
     return dest / run.publisher.rank_file(), "store"
 
 
 def mark(run: ResumableRun, name: str) -> None:
-    """Write the resume marker of the store's restore point ``name``, an older one than the
-    run's newest (spec 19.9; the newest needs none): prune keeps it while this run lives (the
-    publisher renews the lease at each publish; the run removes the marker when it ends). A
-    store that refuses the marker only costs the protection."""
+    """Write the resume marker of the store's restore point ``name`` (spec 19.9): prune keeps
+    it while this run lives, whether it was the run's newest or an older branch (the publisher
+    renews the lease at each publish; the run removes the marker when it ends). A store that
+    refuses the marker only costs the protection."""
     try:
         marker = ResumeMarker(_store(run.store or "", run.options.storage_options), name)
         marker.renew()

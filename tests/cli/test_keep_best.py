@@ -265,13 +265,17 @@ def test_run_marks_what_it_resumed_from_while_the_trainer_lives(
         names[0]: ["resumed from by a live run"],
     }
     assert not list((tmp_path / "store" / "r").glob(".resumed-*.json"))  # released
-    # From the run's newest: no marker (every prune keeps the newest; a requeue resumes from
-    # the run's own newer restore point).
-    count = "import glob, sys; print(len(glob.glob(sys.argv[1] + '/r/.resumed-*.json')))"
+    # From the run's newest too: while the trainer runs, a newer restore point of the run and a
+    # keep-last 1 prune leave the one it resumed from in place.
     newest = restorepoint.list_store(store)[0]
+    step = "import restorepoint as r, sys; r.pack(sys.argv[1], sys.argv[2], run='r', position=99)"
     proc = cli(
         "run", "--store", store, "--run", "r", "--resume-from", newest.url, "--no-gate",
-        "--force", "--", sys.executable, "-c", count, str(tmp_path / "store"),
+        "--force", "--", "sh", "-c",
+        '"$0" -c "$1" "$2" "$3" && "$0" -m restorepoint prune "$3" --keep-last 1 --json',
+        sys.executable, step, str(source), store,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "0"
+    plan = kept(json.loads(proc.stdout))
+    assert plan[newest.name] == ["resumed from by a live run"]
+    assert not list((tmp_path / "store" / "r").glob(".resumed-*.json"))  # released

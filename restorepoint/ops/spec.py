@@ -282,6 +282,11 @@ class PackOptions:
     sign: tuple[Ed25519PrivateKey, ...] = ()
     encrypt_to: tuple[PublicKey, ...] = ()
     storage_options: dict[str, Any] | None = field(default=None, compare=False)
+    #: Choose each chunk's mode (probe or raw) from what compression and the store cost, and
+    #: aim to land before the store deadline less ``deadline_margin`` seconds when one is set
+    #: (codec auto only: spec section 13, W4b).
+    adaptive: bool = False
+    deadline_margin: float = 1.0
 
     def __post_init__(self) -> None:
         check_chunk_size(self.chunk_size)

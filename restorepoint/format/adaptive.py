@@ -79,16 +79,20 @@ class CodecChooser:
     records the store's time). ``total``: the payload's plain bytes; ``threads``: the pool's
     encode threads; ``deadline_left``: the seconds left before the deadline, or None (called
     at each choice, so that a deadline set during the publish is met from then on);
-    ``margin``: seconds kept in hand before it."""
+    ``margin``: seconds kept in hand before it; ``deadline_only``: probe every chunk while
+    there is no deadline (the chooser then only acts under a stop or a reclaim notice)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the payload, the pool, the deadline and the policy's knobs
         self,
         total: int,
+        *,
         threads: int = 1,
         deadline_left: Callable[[], float | None] = lambda: None,
         margin: float = 1.0,
         reprobe: int = 16,
+        deadline_only: bool = False,
     ) -> None:
+        self.deadline_only = deadline_only
         self.threads = max(1, threads)
         self.deadline_left = deadline_left
         self.margin = margin
@@ -137,6 +141,8 @@ class CodecChooser:
         c = self.choices
         if left is not None:
             c.deadline_left_s = left - self.margin
+        elif self.deadline_only:
+            return "probe"
         if not self._encode_plain or self._store_bytes < self._warmup:
             return "probe"
         encode = self._encode_s / self._encode_plain / self.threads

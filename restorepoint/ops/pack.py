@@ -74,7 +74,7 @@ class PackResult:
     seconds: float
     manifest: Manifest
     sha256: str | None = None
-    #: What the adaptive chooser chose chunk by chunk (``PackOptions(adaptive=True)``).
+    #: What the adaptive chooser chose chunk by chunk (``PackOptions(adaptive=...)``).
     choices: Choices | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,13 +275,14 @@ def _chooser(options: PackOptions, codec: Codec, total: int) -> CodecChooser | N
     """The adaptive chooser of ``options.adaptive``, aiming at the store deadline (set under a
     stop or a reclaim notice, storage/_retry.py); None unless the codec is planes, the only one
     whose chunks each name their mode."""
-    if not options.adaptive or not isinstance(codec, PlanesCodec):
+    if options.adaptive == "off" or not isinstance(codec, PlanesCodec):
         return None
     return CodecChooser(
         total,
         threads=options.threads or default_threads(),
         deadline_left=deadline_left,
         margin=options.deadline_margin,
+        deadline_only=options.adaptive == "deadline",
     )
 
 

@@ -111,7 +111,7 @@ def test_adaptive_restore_points_verify_and_import_bit_for_bit(tmp_path: Path) -
     spec = HeadSpec(position=3, run="adaptive")
     # Through the publish path, the chooser measuring for real.
     result = pack_spec(
-        source, str(tmp_path / "auto.rp"), spec, PackOptions(adaptive=True, chunk_size=MIB)
+        source, str(tmp_path / "auto.rp"), spec, PackOptions(adaptive="always", chunk_size=MIB)
     )
     assert result.choices is not None
     choices = result.to_dict()["codec_choices"]
@@ -195,7 +195,7 @@ def test_a_deadline_that_the_fixed_codec_misses_the_adaptive_one_meets(tmp_path:
     outcomes = {}
     for name, options in {
         "none": PackOptions(codec="none", chunk_size=MIB),
-        "adaptive": PackOptions(adaptive=True, chunk_size=MIB, deadline_margin=0.2),
+        "adaptive": PackOptions(adaptive="always", chunk_size=MIB, deadline_margin=0.2),
     }.items():
         target = CappedLocation(str(tmp_path / f"{name}.rp"), str(tmp_path / f"{name}.rp"), rate)
         deadline = time.monotonic() + 4.3

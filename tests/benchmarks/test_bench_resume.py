@@ -35,6 +35,7 @@ def test_bench_resume_runs_at_32m(tmp_path: Path) -> None:
     doc = json.loads(proc.stdout[proc.stdout.index("\n{") :])
     (result,) = doc["results"]
     assert result["state_bytes"] >= 30 << 20
+    assert result["failures"] == []
     for kind in ("local", "s3"):
         summary = result["summary"][kind]
         assert "restorepoint" in summary["median"]

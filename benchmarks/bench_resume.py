@@ -514,7 +514,9 @@ def measure_size(
                         gc.collect()
                         cycle.resume(tool, tag)
                         check_resumed(model, reference, tool)
-                    except Exception as exc:
+                    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+                        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                            raise
                         # A store that fails a request past its retries (moto under load
                         # answers 500) fails that cycle, not the run: it is reported, not timed.
                         failures.append(f"{kind} round {r} {tool}: {type(exc).__name__}: {exc}")

@@ -262,6 +262,11 @@ class Cycle:
 
     resume_restorepoint_nice0 = resume_restorepoint
 
+    def save_restorepoint_nice10(self, tag: str) -> None:
+        self.save_restorepoint(tag, 10)
+
+    resume_restorepoint_nice10 = resume_restorepoint
+
     # torch.save + fsync to the local disk, then s3fs put (on a thread: training goes on).
     def _state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -31,6 +31,7 @@ __all__ = [
     "PlanesCodec",
     "ZstdCodec",
     "codec_from_dict",
+    "encode_raw_parts",
     "register_codec",
 ]
 
@@ -258,6 +259,12 @@ def encode_planes_parts(plain: bytes, level: int) -> list[bytes]:
 
 _RAW = bytes([MODE_RAW])
 _ZSTD = bytes([MODE_ZSTD])
+
+
+def encode_raw_parts(plain: bytes) -> list[bytes]:
+    """The stored bytes of one chunk in mode 0 (raw), without a probe: what the adaptive
+    chooser (format/adaptive.py) picks when compressing would slow the publish."""
+    return [_RAW, plain]
 
 
 def _encode_planes(plain: bytes, width: int, candidates: int) -> bytes:

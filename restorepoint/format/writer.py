@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,7 +25,8 @@ from typing import BinaryIO, Protocol
 from ..errors import IntegrityError, SourceError
 from ._json import canonical_dumps, strict_loads
 from ._pipeline import Budget, HashLane, Ticket
-from .codecs import Codec, NoneCodec
+from .adaptive import Choices, CodecChooser
+from .codecs import Codec, NoneCodec, PlanesCodec, encode_raw_parts
 from .layout import CHUNK_HEADER, END_MAGIC, FOOTER, MAGIC, PREAMBLE
 from .limits import (
     MAX_ENTRIES,
@@ -90,6 +92,8 @@ class Written:
     head_sha256: str
     index_sha256: str
     object_sha256: str | None
+    #: What the adaptive chooser chose (None: every chunk went through the codec's probe).
+    choices: Choices | None = None
 
     @property
     def digest(self) -> str:
@@ -112,6 +116,9 @@ class Writer:
     signer: Callable[[str, str], bytes] | None = None
     #: Also hash the whole object as it is written (a second pass over every stored byte).
     object_sha256: bool = False
+    #: Chooses each chunk's mode, probe or raw, from what compression and the store cost
+    #: (codec planes only: spec section 13, W4b); None: every chunk is probed.
+    chooser: CodecChooser | None = None
 
     def __post_init__(self) -> None:
         if (self.cipher is None) != (self.head.encryption is None):
@@ -122,6 +129,8 @@ class Writer:
         feature = getattr(self.codec, "feature", None)
         if feature is not None and feature not in self.head.required_features:
             raise ValueError(f"codec {self.codec.name} needs the required feature {feature}")
+        if self.chooser is not None and not isinstance(self.codec, PlanesCodec):
+            raise ValueError("the adaptive chooser needs codec planes (a mode per chunk)")
         self._object_hash = hashlib.sha256() if self.object_sha256 else None
         # The object's sha256 runs on a thread of its own, beside the writes.
         self._hasher = (
@@ -207,16 +216,34 @@ class Writer:
         """On a pool thread: the chunk into its file's sha256 (in order), then encoded, as
         pieces of its stored bytes when the codec makes them and nothing seals them."""
         pending.lane.feed(index, chunk, ticket)
-        if self.cipher is None:
+        if self.chooser is not None:
+            pieces = self._choose(chunk)
+            if self.cipher is None:
+                return pieces
+            stored = b"".join(pieces)
+        elif self.cipher is None:
             parts = getattr(self.codec, "encode_parts", None)
             return parts(chunk) if parts is not None else [self.codec.encode(chunk)]
+        else:
+            stored = self.codec.encode(chunk)
         assert self.entries is not None
-        stored = self.codec.encode(chunk)
         return [
             self.cipher.seal(
                 pending.path, pending.size, position, self.entries, index, last, stored
             )
         ]
+
+    def _choose(self, chunk: bytes) -> list[bytes]:
+        """The chunk in the mode the chooser picks, its encoding measured when probed."""
+        assert self.chooser is not None
+        assert isinstance(self.codec, PlanesCodec)
+        if self.chooser.choose(len(chunk)) == "raw":
+            return encode_raw_parts(chunk)
+        started = time.perf_counter()
+        pieces = self.codec.encode_parts(chunk)
+        seconds = time.perf_counter() - started
+        self.chooser.record_encode(len(chunk), sum(len(p) for p in pieces), seconds)
+        return pieces
 
     def finish(self) -> Written:
         """Steps 5-6: index, signature block, footer."""
@@ -254,7 +281,12 @@ class Writer:
         if self._hasher is not None:
             self._hasher.shutdown(wait=True)
         return Written(
-            manifest, self._position, self._head_sha256, index_digest.hex(), object_sha256
+            manifest,
+            self._position,
+            self._head_sha256,
+            index_digest.hex(),
+            object_sha256,
+            self.chooser.choices if self.chooser is not None else None,
         )
 
     def abort(self) -> None:
@@ -317,9 +349,12 @@ class Writer:
                     continue
                 parts = item.future.result()
                 length = sum(len(part) for part in parts)
+                started = time.perf_counter()
                 self._emit(CHUNK_HEADER.pack(length))
                 for part in parts:
                     self._emit(part)
+                if self.chooser is not None:
+                    self.chooser.record_store(length, time.perf_counter() - started)
                 item.pending.stored += CHUNK_HEADER.size + length
                 item.ticket.done()
         except BaseException as exc:

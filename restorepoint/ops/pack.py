@@ -28,9 +28,10 @@ from ..format import (
     Written,
     ZstdCodec,
 )
+from ..format.adaptive import Choices, CodecChooser
 from ..format.limits import CHUNK_SIZE_DEFAULT
 from ..format.manifest import ENCRYPTION_FEATURE
-from ..storage import Location, resolve
+from ..storage import Location, deadline_left, resolve
 from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
 from ._naming import entry_name, is_store_url
 from ._source import SourceFile, list_source
@@ -73,9 +74,11 @@ class PackResult:
     seconds: float
     manifest: Manifest
     sha256: str | None = None
+    #: What the adaptive chooser chose chunk by chunk (``PackOptions(adaptive=...)``).
+    choices: Choices | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "bytes": self.bytes,
             "digest": self.digest,
             "files": self.files,
@@ -87,6 +90,9 @@ class PackResult:
             "size": self.size,
             "url": self.url,
         }
+        if self.choices is not None:
+            out["codec_choices"] = self.choices.to_dict()
+        return out
 
 
 def choose_codec(codec: str = DEFAULT_CODEC, level: int | None = DEFAULT_LEVEL) -> Codec:
@@ -249,6 +255,7 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
             cipher=cipher,
             signer=signer,
             object_sha256=options.object_sha256,
+            chooser=_chooser(options, chosen, total),
         )
     return PackResult(
         url=location.url,
@@ -260,6 +267,22 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
         seconds=time.perf_counter() - started,
         manifest=written.manifest,
         sha256=written.object_sha256,
+        choices=written.choices,
+    )
+
+
+def _chooser(options: PackOptions, codec: Codec, total: int) -> CodecChooser | None:
+    """The adaptive chooser of ``options.adaptive``, aiming at the store deadline (set under a
+    stop or a reclaim notice, storage/_retry.py); None unless the codec is planes, the only one
+    whose chunks each name their mode."""
+    if options.adaptive == "off" or not isinstance(codec, PlanesCodec):
+        return None
+    return CodecChooser(
+        total,
+        threads=options.threads or default_threads(),
+        deadline_left=deadline_left,
+        margin=options.deadline_margin,
+        deadline_only=options.adaptive == "deadline",
     )
 
 
@@ -276,6 +299,7 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
     cipher: StreamCipher | None = None,
     signer: Callable[[str, str], bytes] | None = None,
     object_sha256: bool = False,
+    chooser: CodecChooser | None = None,
 ) -> Written:
     """Writer steps 1-6 into an atomic publisher; the commit is the last step."""
     with location.publish(size_hint=total, create_only=create_only) as publisher:
@@ -289,6 +313,7 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
             entries=len(files) if cipher is not None else None,
             signer=signer,
             object_sha256=object_sha256,
+            chooser=chooser,
         )
         try:
             writer.begin()

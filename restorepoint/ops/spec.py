@@ -268,6 +268,10 @@ class HeadSpec:
         )
 
 
+#: PackOptions.adaptive's values.
+ADAPTIVE = ("off", "always", "deadline")
+
+
 @dataclass(frozen=True)
 class PackOptions:
     """How the payload is packed and where the bytes go: the codec (auto, zstd, none) and its
@@ -282,6 +286,17 @@ class PackOptions:
     sign: tuple[Ed25519PrivateKey, ...] = ()
     encrypt_to: tuple[PublicKey, ...] = ()
     storage_options: dict[str, Any] | None = field(default=None, compare=False)
+    #: The adaptive codec choice (codec auto only: spec section 13, W4b): ``"off"``, every
+    #: chunk probed; ``"always"``, each chunk's mode (probe or raw) chosen from what compression
+    #: and the store cost, aiming to land before the store deadline less ``deadline_margin``
+    #: seconds when one is set; ``"deadline"``, the same only while a store deadline is set (a
+    #: stop, a reclaim notice: ResumableRun's), every chunk probed otherwise.
+    adaptive: str = "off"
+    deadline_margin: float = 1.0
 
     def __post_init__(self) -> None:
         check_chunk_size(self.chunk_size)
+        if self.adaptive not in ADAPTIVE:
+            raise UsageError(
+                f"adaptive must be one of {', '.join(ADAPTIVE)}, not {self.adaptive!r}"
+            )

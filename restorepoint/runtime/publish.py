@@ -222,9 +222,16 @@ class Publisher:
             )
             return
         seconds = time.perf_counter() - started
-        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
+        upload: dict[str, Any] = {"ok": True, "step": step, "url": result.url, "seconds": seconds}
+        extra: dict[str, Any] = {}
+        if result.pack.choices is not None:
+            # What the adaptive codec chose, chunk by chunk (spec 13, W4b): in the telemetry.
+            upload["codec_choices"] = extra["codec_choices"] = result.pack.choices.to_dict()
+        self.uploads.append(upload)
         self.renew_marker()
-        self.event("uploaded", step=step, seconds=round(seconds, 6), bytes=result.pack.size)
+        self.event(
+            "uploaded", step=step, seconds=round(seconds, 6), bytes=result.pack.size, **extra
+        )
         if result.prune_error is not None:
             self.event(
                 "prune_failed",

@@ -183,6 +183,9 @@ class ResumableRun:
             threads=max(1, background_threads),
             sign=(load_signing_key(sign),) if sign is not None else (),
             storage_options=storage_options,
+            # Under a stop or a reclaim notice (the store deadline), each chunk's codec mode is
+            # chosen to land before the deadline (spec 13, W4b); every chunk probed otherwise.
+            adaptive="deadline",
         )
         self.objects: dict[str, Any] = {}
         self.step = 0

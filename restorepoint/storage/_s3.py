@@ -5,6 +5,7 @@ interrupted multipart uploads a killed writer leaves, listed and aborted by prun
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator
 from typing import Any, BinaryIO, ClassVar
@@ -13,9 +14,7 @@ from ..errors import NotFound, StorageUnavailable
 from ._base import Abilities, ObjectInfo, ObjectReader, PendingUpload, Publisher, join_url
 from ._errors import translating
 from ._fsspec import (
-    _STREAM_BLOCK,
     FsspecLocation,
-    RangeStream,
     _DeferredPublisher,
     _FsspecReader,
     _modified,
@@ -23,6 +22,9 @@ from ._fsspec import (
 from ._retry import retriable, retry_async
 
 __all__ = ["S3Location"]
+
+#: What one read of a streamed body asks for at most.
+_STREAM_PIECE = 1 << 20
 
 
 class _PinnedS3Reader(_FsspecReader):
@@ -87,7 +89,92 @@ class _PinnedS3Reader(_FsspecReader):
                 raise
 
     def open_stream(self, start: int) -> BinaryIO:
-        return RangeStream(self, start, _STREAM_BLOCK)  # type: ignore[return-value]
+        stream = _PinnedStream(self, start)
+        self._streams.append(stream)
+        return stream  # type: ignore[return-value]
+
+
+class _PinnedStream:
+    """A sequential read of the pinned object from ``start``: one GET of the rest of it,
+    its body read as it comes, rather than a GET per block (a request's latency each, and a
+    server that reads the object whole for each range, as moto's does, pays per block). A
+    failure mid-body is tried again from the first byte not yet returned, by a new GET of the
+    same pinned version, under the retry policy; bytes read in a failed try are dropped."""
+
+    def __init__(self, reader: _PinnedS3Reader, start: int) -> None:
+        self._reader = reader
+        self._next = start
+        self._body: Any = None
+
+    async def _read_once(self, n: int) -> bytes:
+        r = self._reader
+        if self._body is None:
+            call = getattr(r.fs, "_restorepoint_raw_call_s3", r.fs._call_s3)
+            response = await call(
+                "get_object",
+                Bucket=r._bucket,
+                Key=r._key,
+                Range=f"bytes={self._next}-{r.size - 1}",
+                **r._pin,
+            )
+            self._body = response["Body"]
+        pieces, got = [], 0
+        try:
+            while got < n:
+                piece = await self._body.read(min(n - got, _STREAM_PIECE))
+                if not piece:
+                    raise ConnectionError("the object's body ended early")
+                pieces.append(piece)
+                got += len(piece)
+        except BaseException:
+            self._close_body()
+            raise
+        return b"".join(pieces)
+
+    def _close_body(self) -> None:
+        if self._body is not None:
+            with contextlib.suppress(Exception):
+                self._body.close()
+            self._body = None
+
+    def read(self, n: int = -1) -> bytes:
+        left = self._reader.size - self._next
+        n = left if n < 0 else min(n, left)
+        if n <= 0:
+            return b""
+        from fsspec.asyn import sync
+
+        r = self._reader
+        with translating(r.url):
+            try:
+                data = sync(r.fs.loop, retry_async, lambda: self._read_once(n), "S3 stream read")
+            except OSError as exc:
+                if _precondition_failed(exc):
+                    raise StorageUnavailable(
+                        "the object was replaced while it was read (its ETag changed); "
+                        "read it again",
+                        url=r.url,
+                    ) from exc
+                raise
+        self._next += len(data)
+        return bytes(data)
+
+    def close(self) -> None:
+        if self._body is not None:
+            from fsspec.asyn import sync
+
+            with contextlib.suppress(Exception):
+                sync(self._reader.fs.loop, self._aclose)
+        self._body = None
+
+    async def _aclose(self) -> None:
+        self._close_body()
+
+    def __enter__(self) -> _PinnedStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _ShortRead(ConnectionError):
@@ -112,6 +199,9 @@ class _S3Publisher(_DeferredPublisher):
         self.written += len(data)
 
     def commit(self) -> None:
+        # Every part handed to the upload thread is up (or its failure raised) first.
+        self._join()
+        self._raise()
         f = self.file
         with translating(self.url):
             f.close()  # uploads the last part; autocommit is off, so nothing completes

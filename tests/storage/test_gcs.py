@@ -92,6 +92,7 @@ def test_failed_publish_leaves_no_object_and_no_visible_partial(
     def attempt() -> None:
         with location.publish(size_hint=PAST_ONE_CHUNK) as pub:
             pub.write(payload(PAST_ONE_CHUNK))
+            pub.drain()  # type: ignore[attr-defined] # the parts go up on a thread of their own
             during.append(gcs_server.list(gcs_bucket))
             raise failure
 
@@ -127,6 +128,7 @@ def test_killed_publisher_leaves_nothing_to_list_or_prune(
         "loc = resolve(sys.argv[1], json.loads(sys.argv[2]))\n"
         "pub = loc.publisher(size_hint=int(sys.argv[3]), create_only=True)\n"
         "pub.write(os.urandom(int(sys.argv[3])))\n"
+        "pub.drain()\n"  # the parts go up on the publisher's upload thread
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     proc = subprocess.run(

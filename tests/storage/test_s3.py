@@ -80,6 +80,7 @@ def test_failed_publish_aborts_its_multipart_upload(
     def attempt() -> None:
         with location.publish(size_hint=PAST_ONE_PART) as pub:
             pub.write(payload(PAST_ONE_PART))
+            pub.drain()  # type: ignore[attr-defined] # the parts go up on a thread of their own
             during.append(_uploads(s3_client, s3_bucket))
             raise failure
 

@@ -1,0 +1,395 @@
+"""bench_resume.py's tools: the compute loop that stands for training, the peak RSS, the stores
+(a local directory, moto's S3 server in a process of its own) and each tool's save and resume
+(``Cycle``). See bench_resume.py."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MATMUL = 384
+#: Compute steps before each save: the baseline the slowdown is measured against.
+BASELINE_STEPS = 15
+#: A background publish that takes longer than this is reported as not finished.
+LIMIT_S = 900.0
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+class Compute:
+    """A fixed compute step, on one torch thread."""
+
+    def __init__(self) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.randn(MATMUL, MATMUL, generator=g)
+        self.b = torch.randn(MATMUL, MATMUL, generator=g) / MATMUL**0.5
+
+    def step(self) -> float:
+        t0 = time.perf_counter()
+        x = self.a
+        for _ in range(8):
+            x = x @ self.b
+        return time.perf_counter() - t0
+
+
+class PeakRSS:
+    """This process's peak resident set during a block: the kernel's high-water mark, reset at
+    the start (``/proc/self/clear_refs``); where that is refused, sampled every 10 ms."""
+
+    def __init__(self) -> None:
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._reset = False
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page
+
+    @staticmethod
+    def _hwm() -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, self._rss())
+
+    def __enter__(self) -> PeakRSS:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._reset = True
+        except OSError:
+            self._thread.start()
+        self.peak = self._rss()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._reset:
+            self.peak = max(self.peak, self._hwm())
+            return
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+
+
+# -- the stores -------------------------------------------------------------------------------
+
+
+class Store:
+    """Where the checkpoints go: a local directory, or a bucket of moto's S3 server (in a
+    process of its own, so that its CPU is not this process's GIL)."""
+
+    def __init__(self, kind: str, workdir: Path) -> None:
+        self.kind = kind
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.options: dict[str, Any] | None = None
+        if kind == "local":
+            self.root = str(workdir / "store")
+            return
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        endpoint = f"http://127.0.0.1:{port}"
+        self.options = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        bucket = f"bench-{uuid.uuid4().hex[:10]}"
+        for _ in range(200):
+            try:
+                client.create_bucket(Bucket=bucket)
+                break
+            except Exception:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError("moto's S3 server did not start")
+        # Lightning's checkpoint IO and DCP's FsspecReader take no storage options: fsspec's
+        # configuration gives every s3 filesystem of this process the endpoint and the keys.
+        import fsspec.config
+
+        fsspec.config.conf["s3"] = self.options
+        self.root = f"s3://{bucket}"
+
+    def url(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def fs(self) -> Any:
+        import fsspec
+
+        return fsspec.filesystem("file") if self.kind == "local" else fsspec.filesystem("s3")
+
+    def size(self, name: str) -> int:
+        fs = self.fs()
+        path = self.url(name)
+        fs.invalidate_cache()
+        if not fs.exists(path):
+            return 0
+        return int(fs.du(path)) if fs.isdir(path) else int(fs.size(path))
+
+    def clear(self) -> None:
+        fs = self.fs()
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(self.root, recursive=True) if self.kind == "local" else [
+                fs.rm(p, recursive=True) for p in fs.ls(self.root)
+            ]
+        fs.invalidate_cache()
+        if self.kind == "local":
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+# -- the tools --------------------------------------------------------------------------------
+
+
+class Cycle:
+    """One tool's save and resume of the state, measured."""
+
+    def __init__(self, model: Any, optimizer: Any, compute: Compute, store: Store, work: Path):
+        self.model, self.optimizer, self.compute = model, optimizer, compute
+        self.store, self.work = store, work
+        self.out: dict[str, Any] = {}
+
+    def background(self, start: float, done: Callable[[], bool]) -> None:
+        """Compute steps until ``done``; the published time and the slowdown."""
+        steps: list[float] = []
+        while not done():
+            if time.perf_counter() - start > LIMIT_S:
+                raise RuntimeError("the publish did not finish")
+            steps.append(self.compute.step())
+        self.out["published_s"] = time.perf_counter() - start
+        self.out["busy_steps"] = len(steps)
+        if len(steps) >= 3:
+            self.out["slowdown"] = statistics.median(steps) / self.out["base_step_s"] - 1
+
+    def save(self, tool: str, tag: str) -> None:
+        self.out["base_step_s"] = statistics.median(
+            self.compute.step() for _ in range(BASELINE_STEPS)
+        )
+        with PeakRSS() as rss:
+            getattr(self, "save_" + tool.replace(".", "_").replace("-", "_"))(tag)
+        self.out["rss_save"] = rss.peak
+        self.out.setdefault("published_s", self.out["pause_s"])
+        self.out["load_save"] = load()
+
+    def resume(self, tool: str, tag: str) -> None:
+        with PeakRSS() as rss:
+            t0 = time.perf_counter()
+            getattr(self, "resume_" + tool.replace(".", "_").replace("-", "_"))(tag)
+            self.compute.step()
+            self.out["resume_s"] = time.perf_counter() - t0
+        self.out["rss_resume"] = rss.peak
+        self.out["load_resume"] = load()
+
+    # restorepoint: ResumableRun, its defaults (zstd level 1 as codec planes, one background
+    # thread at nice +19), publishing to the store.
+    def _run(self, tag: str, run_dir: Path, nice: int | None = 19) -> Any:
+        from restorepoint.torch import ResumableRun
+
+        return ResumableRun(
+            {"bench": "resume", "tag": tag},
+            background_nice=nice,
+            run_dir=run_dir,
+            store=self.store.url("rp") + "/",
+            storage_options=self.store.options,
+            final_snapshot=False,
+            upload_timeout=LIMIT_S,
+        )
+
+    def save_restorepoint(self, tag: str, nice: int | None = 19) -> None:
+        with self._run(tag, self.work / f"run-{tag}", nice) as run:
+            run.track(model=self.model, optimizer=self.optimizer)
+            t0 = time.perf_counter()
+            run.snapshot()
+            self.out["pause_s"] = time.perf_counter() - t0
+            self.background(t0, lambda: run.wait(timeout=0))
+            upload = run.uploads[-1] if run.uploads else {}
+            if not upload.get("ok"):
+                raise RuntimeError(f"the publish failed: {upload}")
+        shutil.rmtree(self.work / f"run-{tag}")
+        self.out["bytes"] = self.store.size("rp")
+
+    def resume_restorepoint(self, tag: str) -> None:
+        run_dir = self.work / f"fresh-{tag}"
+        with self._run(tag, run_dir) as run:
+            run.track(model=self.model, optimizer=self.optimizer)
+            run.resume()
+            if run.resumed_from is None:
+                raise RuntimeError("restorepoint did not resume")
+        shutil.rmtree(run_dir)
+
+    def save_restorepoint_nice0(self, tag: str) -> None:
+        self.save_restorepoint(tag, None)
+
+    resume_restorepoint_nice0 = resume_restorepoint
+
+    def save_restorepoint_nice10(self, tag: str) -> None:
+        self.save_restorepoint(tag, 10)
+
+    resume_restorepoint_nice10 = resume_restorepoint
+
+    # torch.save + fsync to the local disk, then s3fs put (on a thread: training goes on).
+    def _state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def save_torch_save(self, tag: str) -> None:
+        import torch
+
+        local = self.store.kind == "local"
+        path = Path(self.store.url("torch.pt")) if local else self.work / "torch.pt"
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            torch.save(self._state(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        self.out["pause_s"] = time.perf_counter() - t0
+        if not local:
+            failed: list[BaseException] = []
+
+            def put() -> None:
+                try:
+                    self.store.fs().put(str(path), self.store.url("torch.pt"))
+                except Exception as exc:
+                    failed.append(exc)
+
+            thread = threading.Thread(target=put)
+            thread.start()
+            self.background(t0, lambda: not thread.is_alive())
+            path.unlink()
+            if failed:
+                raise RuntimeError(f"the upload failed: {failed[0]}")
+        self.out["bytes"] = self.store.size("torch.pt")
+
+    def resume_torch_save(self, tag: str) -> None:
+        import torch
+
+        path = Path(self.store.url("torch.pt"))
+        if self.store.kind != "local":
+            path = self.work / "download.pt"
+            self.store.fs().get(self.store.url("torch.pt"), str(path))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.store.kind != "local":
+            path.unlink()
+
+    # DCP: the state dict of torch.distributed.checkpoint.state_dict, FileSystemWriter on a
+    # local disk, FsspecWriter to S3, as its docs recommend; one process, no process group.
+    def _dcp_io(self, write: bool) -> Any:
+        from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+        url = self.store.url("dcp")
+        if self.store.kind == "local":
+            return FileSystemWriter(url) if write else FileSystemReader(url)
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+        return FsspecWriter(url) if write else FsspecReader(url)
+
+    def _dcp_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def save_dcp_save(self, tag: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        dcp.save(self._dcp_state(), storage_writer=self._dcp_io(True), no_dist=True)
+        self.out["pause_s"] = time.perf_counter() - t0
+        self.out["bytes"] = self.store.size("dcp")
+
+    def save_dcp_async_save(self, tag: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        future = dcp.async_save(self._dcp_state(), storage_writer=self._dcp_io(True), no_dist=True)
+        self.out["pause_s"] = time.perf_counter() - t0
+        self.background(t0, future.done)
+        future.result()
+        self.out["bytes"] = self.store.size("dcp")
+
+    def resume_dcp_save(self, tag: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._dcp_state()
+        dcp.load(state, storage_reader=self._dcp_io(False), no_dist=True)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+        )
+
+    resume_dcp_async_save = resume_dcp_save
+
+    # Lightning: what Trainer.save_checkpoint / load end in, TorchCheckpointIO, to the URL.
+    def save_lightning(self, tag: str) -> None:
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+        t0 = time.perf_counter()
+        TorchCheckpointIO().save_checkpoint(self._state(), self.store.url("lightning.ckpt"))
+        self.out["pause_s"] = time.perf_counter() - t0
+        self.out["bytes"] = self.store.size("lightning.ckpt")
+
+    def resume_lightning(self, tag: str) -> None:
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+        state = TorchCheckpointIO().load_checkpoint(self.store.url("lightning.ckpt"))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def available_tools(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
+    skipped: dict[str, str] = {}
+    tools = []
+    for tool in wanted:
+        module = {"dcp.save": "torch.distributed.checkpoint", "lightning": "lightning.fabric"}
+        module["dcp.async_save"] = module["dcp.save"]
+        try:
+            if tool in module:
+                __import__(module[tool])
+            tools.append(tool)
+        except ImportError as exc:
+            skipped[tool] = str(exc)
+    return tools, skipped

@@ -1,0 +1,98 @@
+"""The CLI at one size, as a user meets it, against the shell's tools, side by side in one run:
+``restorepoint pack`` against ``tar -I 'zstd -1 -T0'`` then ``sha256sum`` of the archive, and
+``restorepoint verify`` against ``sha256sum`` of the restore point.
+
+    python benchmarks/bench_cli.py [--size-gib 0.5] [--repeat 5] [--workdir DIR] [--json]
+
+The source is bench_pack.py's synthetic one (float32 tensors of normally distributed values and
+small JSON files, cached in the work directory; needs numpy). Each round runs the four commands
+in a seeded shuffled order, with ``sync`` and half a second of quiet before each; the ratios are
+the medians of the ratios within a round. The load average is printed beside each round. Goals
+(issue 26): pack at most 0.5x the tar pipeline's time, verify at least 2.0x sha256sum's speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_pack import ensure_synthetic
+
+
+def cli() -> list[str]:
+    script = Path(sys.executable).with_name("restorepoint")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "restorepoint"]
+
+
+def timed(cmd: list[str] | str) -> float:
+    subprocess.run(["sync"], check=True)
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, shell=isinstance(cmd, str), stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-gib", type=float, default=0.5)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "rp-bench")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    source, total = ensure_synthetic(args.workdir, args.size_gib)
+    out = args.workdir / "cli-out"
+    rp = out / "cli.rp"
+    tar = out / "out.tar.zst"
+    pack = [*cli(), "pack", str(source), str(rp), "--step", "0"]
+    commands: dict[str, Any] = {
+        "pack": lambda: (rp.unlink(missing_ok=True), timed(pack))[1],
+        "tar": lambda: (tar.unlink(missing_ok=True), timed(
+            f"tar -I 'zstd -1 -T0' -cf {tar} -C {source} . && sha256sum {tar}"))[1],
+        "verify": lambda: timed([*cli(), "verify", str(rp)]),
+        "sha256sum": lambda: timed(["sha256sum", str(rp)]),
+    }  # fmt: skip
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    timed(pack)  # the object verify reads
+    rounds = []
+    for r in range(args.repeat):
+        order = list(commands)
+        random.Random(r).shuffle(order)
+        if order.index("verify") < order.index("pack"):
+            order.remove("verify")
+            order.append("verify")  # verify reads this round's object
+        times = {name: commands[name]() for name in order}
+        times["load"] = os.getloadavg()[0]
+        rounds.append(times)
+        print(
+            f"round {r}: pack {times['pack']:.3f} s, tar pipeline {times['tar']:.3f} s, "
+            f"verify {times['verify']:.3f} s, sha256sum {times['sha256sum']:.3f} s "
+            f"(load average {times['load']:.2f})",
+            flush=True,
+        )
+    pack_ratio = statistics.median(t["pack"] / t["tar"] for t in rounds)
+    verify_speed = statistics.median(t["sha256sum"] / t["verify"] for t in rounds)
+    sizes = {"source": total, "restore point": rp.stat().st_size, "tar.zst": tar.stat().st_size}
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"\nsource {total / (1 << 30):.2f} GiB; sizes {sizes}")
+    print(f"pack / (tar | zstd -1 -T0 + sha256sum): {pack_ratio:.2f} (goal <= 0.5)")
+    print(f"verify speed / sha256sum: {verify_speed:.2f}x (goal >= 2.0x)")
+    if args.json:
+        doc = {"rounds": rounds, "pack_ratio": pack_ratio, "verify_speed": verify_speed}
+        print(json.dumps({**doc, "sizes": sizes}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

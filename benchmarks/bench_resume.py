@@ -1,0 +1,363 @@
+"""The whole save-and-resume cycle, as a user meets it, side by side in one run: restorepoint's
+ResumableRun against torch.save, PyTorch DCP (save and async_save) and Lightning's checkpoint IO,
+on a local disk and on moto's S3 server.
+
+    python benchmarks/bench_resume.py [--size 1G,4G,8G] [--stores local,s3] [--repeat 2]
+        [--workdir DIR] [--json]
+
+Needs torch, s3fs, moto[server], boto3 and the real weights (``restorepoint[torch,s3,test]``);
+Lightning and DCP rows are skipped when they cannot be imported. Run from the repository root.
+
+The state is a model of real trained weights (all-MiniLM-L6-v2, ``restorepoint.testing.weights``,
+tiled to a third of ``--size``, each tile scaled by its own factor) with Adam's two moments after
+``--adam-steps`` real optimizer steps: model + optimizer is ``--size``. Each round runs, for each
+store, every tool in a seeded shuffled order (ours, a peer, ..., then the next round):
+
+- **save**: the pause (training stopped), then a fixed compute loop (a 384x384 matmul chain on
+  one torch thread) runs until the checkpoint is published; published = in the store, complete.
+  restorepoint hashes (sha256 of every byte, recorded in the index) and compresses on the way;
+  the peers do neither.
+- **resume**: a fresh start of the same model: from nothing in the run directory to the end
+  of the first compute step (ours: ResumableRun + resume() from the store; the peers: the
+  download, torch.load / dcp.load and load_state_dict).
+- **bytes** stored, the **slowdown** of the compute loop while a publish runs in the
+  background, and the **peak RSS** of this process during the save and during the resume (the
+  kernel's high-water mark, reset before each; it includes the model and its optimizer).
+
+Figures are medians over the rounds, then each as a ratio to the best peer. The load average is
+printed beside every figure: on a shared machine the figures are noisy, and the ratios (tools
+seconds apart) less so than the seconds. See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from _common import fs_type
+from _resume_tools import Compute, Cycle, Store, available_tools, load
+
+HINT = "bench_resume.py needs torch, s3fs, moto[server] and boto3: restorepoint[torch,s3,test]"
+TOOLS = ("restorepoint", "torch.save", "dcp.save", "dcp.async_save", "lightning")
+#: Ours, and ours with the background at the training thread's priority
+#: (``background_nice=None``) or at nice +10: not in the default list; on a machine that other
+#: processes load, nice +19 leaves the publish what they do not take, and these rows show what
+#: the publish itself costs.
+OURS = ("restorepoint", "restorepoint-nice0", "restorepoint-nice10")
+FIGURES = ("pause_s", "published_s", "bytes", "slowdown", "resume_s", "rss_save", "rss_resume")
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+# -- the state --------------------------------------------------------------------------------
+
+
+def build_state(size: int, adam_steps: int) -> tuple[Any, Any]:
+    """Real weights tiled to size / 3 bytes of float32 parameters, and Adam after real steps
+    (the gradient of a smooth loss of the weights: the moments take real distributions)."""
+    import torch
+
+    from restorepoint.testing.weights import safetensors_state_dict
+
+    corpus = [t for t in safetensors_state_dict().values() if t.is_floating_point()]
+    model = torch.nn.Module()
+    want, have, i = size // 3, 0, 0
+    while have < want:
+        t = corpus[i % len(corpus)].float()
+        scale = 1.0 + 1e-3 * (i // len(corpus))
+        n = min(t.numel(), (want - have) // 4)
+        if n <= 0:
+            break
+        data = (t.flatten()[:n] * scale).reshape(t.shape if n == t.numel() else (n,))
+        model.register_parameter(f"p{i}", torch.nn.Parameter(data.clone()))
+        have += n * 4
+        i += 1
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    for _ in range(adam_steps):
+        for p in model.parameters():
+            loss = ((p - p.detach().roll(1)) ** 2).mean() + 1e-2 * (p * p).sum()
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model, optimizer
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def snapshot_of(state: Any) -> dict[str, Any]:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def check_resumed(model: Any, reference: dict[str, Any], tool: str) -> None:
+    import torch
+
+    for name, value in model.state_dict().items():
+        if not torch.equal(value, reference[name]):
+            raise RuntimeError(f"{tool}: the resumed model differs from the saved one ({name})")
+
+
+def measure_size(
+    size: int, stores: list[str], tools: list[str], args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    import gc
+
+    model, optimizer = build_state(size, args.adam_steps)
+    compute = Compute()
+    reference = snapshot_of(model.state_dict())
+    state_bytes = sum(t.numel() * t.element_size() for t in reference.values()) * 3
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {t: [] for t in tools} for s in stores}
+    opened = {kind: Store(kind, workdir) for kind in stores}
+    failures: list[str] = []
+    try:
+        for r in range(args.repeat):
+            for kind in stores:
+                order = list(tools)
+                random.Random(1000 * r + len(kind)).shuffle(order)
+                for tool in order:
+                    store = opened[kind]
+                    store.clear()
+                    cycle = Cycle(model, optimizer, compute, store, workdir)
+                    tag = f"{size}-{r}-{kind}-{uuid.uuid4().hex[:6]}"
+                    try:
+                        cycle.save(tool, tag)
+                        gc.collect()
+                        cycle.resume(tool, tag)
+                        check_resumed(model, reference, tool)
+                    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+                        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                            raise
+                        # A store that fails a request past its retries (moto under load
+                        # answers 500) fails that cycle, not the run: it is reported, not timed.
+                        failures.append(f"{kind} round {r} {tool}: {type(exc).__name__}: {exc}")
+                        print(f"  FAILED {failures[-1]}", file=sys.stderr, flush=True)
+                        continue
+                    finally:
+                        gc.collect()
+                    runs[kind][tool].append(cycle.out)
+                    print(
+                        f"  {size / (1 << 30):.3g} GiB {kind:5} round {r} {tool:15}"
+                        f" pause {cycle.out['pause_s']:7.3f} s  published"
+                        f" {cycle.out['published_s']:7.3f} s  resume {cycle.out['resume_s']:7.3f} s"
+                        f"  (load {cycle.out['load_resume']:.2f})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                store.clear()
+    finally:
+        for store in opened.values():
+            store.close()
+    return {"size": size, "state_bytes": state_bytes, "runs": runs, "failures": failures}
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Medians per tool and figure, and each figure of ours as a ratio to the best peer."""
+    out: dict[str, Any] = {}
+    for kind, by_tool in result["runs"].items():
+        med: dict[str, dict[str, float | None]] = {}
+        for tool, rounds in by_tool.items():
+            med[tool] = {}
+            for fig in (*FIGURES, "load_save", "load_resume"):
+                values = [r[fig] for r in rounds if r.get(fig) is not None]
+                med[tool][fig] = statistics.median(values) if values else None
+        ratios = {tool: _ratios(med, tool) for tool in OURS if tool in med}
+        out[kind] = {"median": med, "vs_best_peer": ratios.get("restorepoint", {})}
+        if "restorepoint-nice0" in ratios:
+            out[kind]["vs_best_peer_nice0"] = ratios["restorepoint-nice0"]
+    return out
+
+
+def _ratios(med: dict[str, dict[str, float | None]], ours_tool: str) -> dict[str, Any]:
+    ratios: dict[str, Any] = {}
+    for fig in FIGURES:
+        ours = med[ours_tool].get(fig)
+        peers = {t: v[fig] for t, v in med.items() if t not in OURS and v[fig] is not None}
+        if ours is None or not peers:
+            ratios[fig] = None
+            continue
+        best = min(peers, key=lambda t: peers[t])  # type: ignore[arg-type,return-value]
+        if fig == "slowdown":
+            ratios[fig] = {"ours": ours, "best_peer": best, "peer": peers[best]}
+            continue
+        value = peers[best]
+        ratios[fig] = {"ratio": ours / value if value else None, "best_peer": best}
+    return ratios
+
+
+def fmt(fig: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    if fig == "bytes":
+        return f"{v / (1 << 20):.0f} MiB"
+    if fig.startswith("rss"):
+        return f"{v / (1 << 20):.0f} MiB"
+    if fig == "slowdown":
+        return f"{v:+.1%}"
+    return f"{v:.2f} s"
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    names = {
+        "pause_s": "pause per snapshot",
+        "published_s": "snapshot -> published",
+        "bytes": "bytes stored",
+        "slowdown": "step slowdown during publish",
+        "resume_s": "empty machine -> first step",
+        "rss_save": "peak RSS, save",
+        "rss_resume": "peak RSS, resume",
+    }
+    for res in results:
+        for kind, summary in res["summary"].items():
+            med = summary["median"]
+            tools = list(med)
+            print(
+                f"\n== {res['state_bytes'] / (1 << 30):.2f} GiB of state, {kind} store"
+                f" (median of {res['repeat']}; load average {res['load_start']:.2f}"
+                f" -> {res['load_end']:.2f})"
+            )
+            print(f"{'figure':30}" + "".join(f"{t:>19}" for t in tools) + "  ours / best peer")
+            for fig in FIGURES:
+                row = f"{names[fig]:30}" + "".join(f"{fmt(fig, med[t][fig]):>19}" for t in tools)
+                r = summary["vs_best_peer"][fig]
+                if r is None:
+                    cell = "-"
+                elif fig == "slowdown":
+                    cell = f"{r['ours']:+.1%} vs {r['peer']:+.1%} ({r['best_peer']})"
+                else:
+                    cell = f"{r['ratio']:.2f}x ({r['best_peer']})" if r["ratio"] else "-"
+                print(row + f"  {cell}")
+            loads = "".join(f"{med[t]['load_resume'] or 0:>19.2f}" for t in tools)
+            print(f"{'load average (1 min)':30}" + loads)
+
+
+def plot(results: list[dict[str, Any]], target: Path) -> str:
+    """Each figure against the state's size, ours and each peer; or why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib to get one)"
+    kinds = sorted({k for r in results for k in r["summary"]})
+    fig, axes = plt.subplots(len(kinds), len(FIGURES), figsize=(4 * len(FIGURES), 3.5 * len(kinds)))
+    for i, kind in enumerate(kinds):
+        for j, name in enumerate(FIGURES):
+            ax = axes[i][j] if len(kinds) > 1 else axes[j]
+            tools = sorted(
+                {t for r in results for t in r["summary"].get(kind, {}).get("median", {})}
+            )
+            for tool in tools:
+                xs, ys = [], []
+                for r in results:
+                    v = r["summary"].get(kind, {}).get("median", {}).get(tool, {}).get(name)
+                    if v is not None:
+                        xs.append(r["state_bytes"] / (1 << 30))
+                        ys.append(v)
+                ax.plot(xs, ys, marker="o", label=tool)
+            ax.set_title(f"{name} ({kind})", fontsize=9)
+            ax.set_xlabel("state, GiB")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(target)
+    return f"plot written to {target}"
+
+
+def fits(size: int) -> bool:
+    """Whether the run fits in memory: the state, a snapshot's copy of it and a resumed copy,
+    with room to spare (about 3.5x the state)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return size * 3.5 <= info["MemAvailable"]
+    except (OSError, KeyError, ValueError):
+        return True
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="1G,4G,8G", help="state sizes: 32M, 1G, ... (a list)")
+    parser.add_argument("--stores", default="local,s3")
+    parser.add_argument("--tools", default=",".join(TOOLS))
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--adam-steps", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="default: docs/ beside performance.md"
+    )
+    parser.add_argument("--json", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import warnings
+
+    # DCP says, at every call, that it saves in one process: it does, on purpose.
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    try:
+        import torch
+    except ImportError:
+        print(HINT, file=sys.stderr)
+        return 2
+    tools, skipped = available_tools(args.tools.split(","))
+    stores = args.stores.split(",")
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    own = args.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="rp-resume-")) if own else args.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    results, notes = [], [f"{t}: skipped ({why})" for t, why in skipped.items()]
+    try:
+        for text in args.size.split(","):
+            size = parse_size(text)
+            if not fits(size):
+                notes.append(f"{text}: skipped, does not fit in this machine's memory")
+                print(notes[-1], file=sys.stderr)
+                continue
+            started = load()
+            res = measure_size(size, stores, tools, args, workdir)
+            notes += [f"{text}: failed, not timed: {f}" for f in res["failures"]]
+            res.update(repeat=args.repeat, load_start=started, load_end=load())
+            res["summary"] = summarize(res)
+            results.append(res)
+    finally:
+        torch.set_num_threads(previous_threads)
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print_table(results)
+    target = args.plot or Path(__file__).resolve().parent.parent / "docs" / "bench_resume.png"
+    notes.append(plot(results, target) if results else "no size ran: no plot")
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "workdir_fs": fs_type(workdir),
+        "moto": "a server process of its own on 127.0.0.1",
+    }
+    for note in notes:
+        print(f"note: {note}")
+    if args.json:
+        print(json.dumps({"env": env, "notes": notes, "results": results}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

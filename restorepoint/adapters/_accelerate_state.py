@@ -26,8 +26,8 @@ from .._text import printable
 from ..errors import RestorePointError
 from ..format import Manifest, Position, Trainer
 from ..ops import Expectations
-from ..ops.local_view import cache_root_from_env
 from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
+from ._expect import trainer_view
 
 __all__ = [
     "ACCELERATE_HINTS",
@@ -72,25 +72,16 @@ def view_for(
     """What an Accelerate run here expects of a restore point: the installed Accelerate
     (``version``: the trainer ``accelerate=VERSION``), the terms detected here (torch, CUDA
     where present, accelerate) and those given, the cache root and keys given, the config."""
-    root = cache_root if cache_root is not None else cache_root_from_env()
-    values: dict[str, Any] = {
-        "trainer": Trainer("accelerate", version),
-        "terms": {**torch_terms(), "accelerate": version, **dict(terms or {})},
-        "cache_keys": dict(cache_keys or {}),
-        "cache_root": root,
-    }
-    sources = {
-        "trainer": "detected: the installed accelerate",
-        "terms": f"{TORCH_TERMS_SOURCE}, accelerate" + (", terms=" if terms else ""),
-        "cache_keys": "cache_keys=" if cache_keys else "cache_keys= (none given)",
-        "cache_root": "cache_root="
-        if cache_root is not None
-        else ("RESTOREPOINT_CACHE_ROOT" if root is not None else "cache_root= (none given)"),
-    }
-    if config is not None:
-        values["config"] = dict(config)
-        sources["config"] = "config="
-    return Expectations(**values, sources=sources)
+    return trainer_view(
+        Trainer("accelerate", version),
+        {**torch_terms(), "accelerate": version},
+        detected="the installed accelerate",
+        terms_source=f"{TORCH_TERMS_SOURCE}, accelerate",
+        config=config,
+        cache_keys=cache_keys,
+        cache_root=cache_root,
+        given_terms=terms,
+    )
 
 
 def sha256_of(path: Path) -> str:

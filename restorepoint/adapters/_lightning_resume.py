@@ -16,7 +16,7 @@ import secrets
 import shutil
 import sys
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +24,15 @@ from .._posix import fsync_dir
 from .._text import printable
 from ..errors import IncompatibleRestorePoint, MissingExtra, RestorePointError, UsageError
 from ..format import Manifest, Position, Trainer
-from ..ops import Expectations, describe
+from ..ops import Expectations
 from ..ops.gate import decide, refuse
-from ..ops.local_view import cache_root_from_env
 from ..ops.publish import HeadSpec
 from ..ops.resume import choose, read_head_file, resume_import
-from ..runtime.contract import EXIT_INCOMPATIBLE, RESUME_DIR_ENV, RESUME_HEAD_ENV, STORE_ENV
+from ..runtime.contract import EXIT_INCOMPATIBLE, RESUME_DIR_ENV, RESUME_HEAD_ENV
 from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
 from ..runtime.safe_load import check_loadable, safe_load
 from ..trust import Trust
+from ._expect import run_id, store_from_env, trainer_view
 from .base import TrainerInfo
 
 try:
@@ -78,48 +78,16 @@ def local_view(
     name and version), the terms detected here and those given, the cache root and cache keys
     it packs with (none unless given), and its config."""
     info = trainer_info()
-    root = cache_root if cache_root is not None else cache_root_from_env()
-    values: dict[str, Any] = {
-        "trainer": Trainer(info.name, info.version),
-        "terms": {**info.terms, **dict(terms or {})},
-        "cache_keys": dict(cache_keys or {}),
-        "cache_root": root,
-    }
-    sources = {
-        "trainer": "detected: the installed lightning",
-        "terms": f"{TORCH_TERMS_SOURCE}, lightning" + (", terms=" if terms else ""),
-        "cache_keys": "cache_keys=" if cache_keys else "cache_keys= (none given)",
-        "cache_root": "cache_root="
-        if cache_root is not None
-        else ("RESTOREPOINT_CACHE_ROOT" if root is not None else "cache_root= (none given)"),
-    }
-    if config is not None:
-        values["config"] = dict(config)
-        sources["config"] = "config="
-    return Expectations(**values, sources=sources)
-
-
-def run_id(run: str | None, config: Mapping[str, Any] | None, operational: Iterable[str]) -> str:
-    """The run a restore point is packed under, as pack derives it (``cfg-`` and the config
-    identity when only a config is given); describe validates both on the way."""
-    head = describe(position=0, config=config, operational_keys=operational, run=run)
-    if head.run is None:
-        raise UsageError("a store needs a run: give run= or config=")
-    return head.run
-
-
-def store_from_env(
-    store: str | None, run: str | None, config: Mapping[str, Any] | None
-) -> str | None:
-    """``store``, else the supervisor's ``$RESTOREPOINT_STORE`` (``restorepoint run``) when the
-    run can be named (``run=`` or ``config=``); without either that store is not used."""
-    if store is not None:
-        return store
-    env = os.environ.get(STORE_ENV) or None
-    if env is not None and run is None and config is None:
-        log.warning("%s is set, but neither run= nor config= names the run: not used", STORE_ENV)
-        return None
-    return env
+    return trainer_view(
+        Trainer(info.name, info.version),
+        info.terms,
+        detected="the installed lightning",
+        terms_source=f"{TORCH_TERMS_SOURCE}, lightning",
+        config=config,
+        cache_keys=cache_keys,
+        cache_root=cache_root,
+        given_terms=terms,
+    )
 
 
 def identity_record(

@@ -67,7 +67,6 @@ from ..runtime.contract import (
     EXIT_RESUMABLE,
     KEEP_BEST_ENV,
     RESUME_URL_ENV,
-    STORE_ENV,
     leave_stop_marker,
     report_ready,
 )
@@ -99,6 +98,7 @@ from ._accelerate_state import (
     rank_of,
     view_for,
 )
+from ._expect import store_from_env
 
 __all__ = [
     "ACCELERATE_HINTS",
@@ -178,11 +178,7 @@ class AccelerateRun:
         self.config = dict(config) if config is not None else None
         self.operational = tuple(operational)
         self.view = local_view(self.config, cache_keys, cache_root, terms)
-        if store is None:
-            store = os.environ.get(STORE_ENV) or None
-            if store is not None and run is None and config is None:
-                log.warning("%s is set, but neither run= nor config= names the run", STORE_ENV)
-                store = None
+        store = store_from_env(store, run, config)
         self.store = store if store is None or store.endswith("/") else store + "/"
         # describe validates the config (JSON data) and the run name, once, here.
         self.run = describe(

@@ -49,6 +49,7 @@ from ..ops.store import KeepBest
 from ..runtime.contract import EXIT_RESUMABLE, report_ready
 from ..runtime.safe_load import safe_load
 from ..runtime.signals import signal_name
+from ._expect import run_id, store_from_env
 from ._lightning_metrics import best_options, keep_best_for, monitored
 from ._lightning_resume import (
     IDENTITY_KEY,
@@ -57,8 +58,6 @@ from ._lightning_resume import (
     identity_record,
     local_view,
     resume_checkpoint,
-    run_id,
-    store_from_env,
     trainer_info,
 )
 from .base import Snapshot, TrainerInfo, preempt_signal, send_signal

@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from ...errors import MissingExtra, UsageError
 from ...format import Trainer
-from ...ops import Expectations, describe
-from ...ops.local_view import cache_root_from_env
+from ...ops import Expectations
 from ...runtime.contract import STORE_ENV
 from ...runtime.detect import TORCH_TERMS_SOURCE, torch_terms
+from .._expect import run_id, trainer_view
 from ..base import TrainerInfo
 
 __all__ = [
@@ -165,34 +165,18 @@ def local_view(
     terms detected here and those given, the cache root and cache keys it packs with (none
     unless given), and its config."""
     info = trainer_info()
-    root = cache_root if cache_root is not None else cache_root_from_env()
-    values: dict[str, Any] = {
-        "trainer": Trainer(info.name, info.version),
-        "terms": {**info.terms, **dict(terms or {})},
-        "cache_keys": dict(cache_keys or {}),
-        "cache_root": root,
-    }
-    sources = {
-        "trainer": "detected: the installed transformers",
-        "terms": f"{TORCH_TERMS_SOURCE}, transformers, accelerate" + (", terms=" if terms else ""),
-        "cache_keys": "dataset= / cache_keys=" if cache_keys else "cache_keys= (none given)",
-        "cache_root": "cache_root="
-        if cache_root is not None
-        else ("RESTOREPOINT_CACHE_ROOT" if root is not None else "cache_root= (none given)"),
-    }
-    if config is not None:
-        values["config"] = dict(config)
-        sources["config"] = "args= and model="
-    return Expectations(**values, sources=sources)
-
-
-def run_id(run: str | None, config: Mapping[str, Any] | None, operational: Iterable[str]) -> str:
-    """The run a restore point is packed under, as pack derives it (``cfg-`` and the config
-    identity when only a config is given). The same rule as the Lightning adapter's."""
-    head = describe(position=0, config=config, operational_keys=operational, run=run)
-    if head.run is None:
-        raise UsageError("a store needs a run: give run= or a config")
-    return head.run
+    return trainer_view(
+        Trainer(info.name, info.version),
+        info.terms,
+        detected="the installed transformers",
+        terms_source=f"{TORCH_TERMS_SOURCE}, transformers, accelerate",
+        config=config,
+        config_source="args= and model=",
+        cache_keys=cache_keys,
+        cache_keys_source="dataset= / cache_keys=",
+        cache_root=cache_root,
+        given_terms=terms,
+    )
 
 
 def store_from_env(store: str | None) -> str | None:

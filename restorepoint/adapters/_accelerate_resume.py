@@ -6,29 +6,24 @@ every pickle Accelerate will load. A refusal is one line and its exit code."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import secrets
 import shutil
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._posix import atomic_write, fsync_dir
-from .._text import printable
+from .._posix import fsync_dir
 from ..errors import IncompatibleRestorePoint, IntegrityError, RestorePointError
 from ..format import Position
 from ..ops.gate import decide, refuse
 from ..ops.resume import choose, read_head_file, resume_import
 from ..runtime.contract import (
-    READY_ENV,
-    REFUSED_FILE,
     RESUME_DIR_ENV,
     RESUME_HEAD_ENV,
     RESUME_URL_ENV,
+    report_refusal,
 )
 from ..runtime.safe_load import check_loadable
 from ._accelerate_state import (
@@ -205,13 +200,5 @@ def refused(run: AccelerateRun, exc: RestorePointError) -> SystemExit:
     """One line (and the mismatches) on stderr, the refused fields for the supervisor's
     telemetry, and the error's exit code (3 for a refusal)."""
     if run.is_main:
-        lines = [f"restorepoint: error: {printable(str(exc))}"]
-        lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
-        print("\n".join(lines), file=sys.stderr, flush=True)
-        ready = os.environ.get(READY_ENV)
-        if ready and isinstance(exc, IncompatibleRestorePoint):
-            fields = [m["field"] for m in getattr(exc, "mismatches", ())]
-            doc = {"class": type(exc).__name__, "fields": fields, "pid": os.getpid()}
-            with contextlib.suppress(OSError):
-                atomic_write(Path(ready) / REFUSED_FILE, json.dumps(doc).encode() + b"\n")
+        report_refusal(exc)
     return SystemExit(exc.exit_code)

@@ -16,11 +16,13 @@ snapshot`` and the supervisor read and write these through this module and nowhe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -37,7 +39,8 @@ from .._posix import (
     read_regular,
     signal_disposition,
 )
-from ..errors import NotFound, UsageError
+from .._text import printable
+from ..errors import NotFound, RestorePointError, UsageError
 from ..ops.local_view import CACHE_ROOT_ENV
 
 __all__ = [
@@ -70,6 +73,7 @@ __all__ = [
     "now",
     "read_ready",
     "report_ready",
+    "report_refusal",
     "request_snapshot",
     "resumable_exit",
     "stopped_by_contract",
@@ -255,6 +259,22 @@ class Ready:
     run: str | None
     run_dir: str | None
     snapshot_signal: int = int(signal.SIGUSR1)
+
+
+def report_refusal(exc: RestorePointError, *, main: bool = True) -> None:
+    """A trainer's own gate refused (or could not read) the restore point it was to resume:
+    one line and the mismatches on stderr, as the CLI prints them, and (``main``: one process
+    of the run does it) the refused field names beside the ready file, for the supervisor's
+    telemetry. Every trainer that gates itself ends a refusal this way."""
+    lines = [f"restorepoint: error: {printable(str(exc))}"]
+    lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    ready = os.environ.get(READY_ENV)
+    if ready and main:
+        fields = [m["field"] for m in getattr(exc, "mismatches", ())]
+        doc = {"class": type(exc).__name__, "fields": fields, "pid": os.getpid()}
+        with contextlib.suppress(OSError):
+            atomic_write(Path(ready) / REFUSED_FILE, json.dumps(doc).encode() + b"\n")
 
 
 def report_ready(doc: Mapping[str, Any]) -> Path | None:

@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from .._posix import atomic_write, signal_number
+from .._posix import signal_number
 from .._text import plural, printable
 from .._version import __version__
 from ..errors import IncompatibleRestorePoint, IntegrityError, RestorePointError, UsageError
@@ -67,18 +67,18 @@ from .contract import (
     KEEP_BEST_ENV,
     POSITION_FILE,
     READY_ENV,
-    REFUSED_FILE,
     SIGNING_KEY_ENV,
     STORE_ENV,
     RunDirectory,
     max_resubmits_from_env,
     now,
     report_ready,
+    report_refusal,
 )
 from .data import EpochSampler, effective_batches
 from .detect import TORCH_TERMS_SOURCE, torch_terms
 from .identity import RECOVERY_KEYS, operational_keys, run_id_for, snapshot_interval
-from .publish import Publisher, json_line, rank_file
+from .publish import Publisher, rank_file
 from .resume_from import RUNTIME_HINTS, display, gate_handed, handed, store_snapshot
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
 from .state import STATE_FORMAT, load_state, read_state, rng_state, set_rng, to_cpu
@@ -380,17 +380,7 @@ class ResumableRun:
         self._reports.clear()
 
     def _report_refusal(self, exc: RestorePointError) -> None:
-        """One line and the mismatches on stderr, as the CLI prints them; the refused fields
-        (names only) for the supervisor's telemetry."""
-        lines = [f"restorepoint: error: {printable(str(exc))}"]
-        lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
-        print("\n".join(lines), file=sys.stderr, flush=True)
-        fields = [m["field"] for m in getattr(exc, "mismatches", ())]
-        ready = os.environ.get(READY_ENV)
-        if ready and self.is_main:
-            doc = {"class": type(exc).__name__, "fields": fields, "pid": os.getpid()}
-            with contextlib.suppress(OSError):
-                atomic_write(Path(ready) / REFUSED_FILE, json_line(doc))
+        report_refusal(exc, main=self.is_main)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc_type is None and self.final_snapshot and self.step not in (0, self._snapshot_step):

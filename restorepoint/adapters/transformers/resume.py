@@ -10,19 +10,16 @@ never a silent resume and never a silent fresh start.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import secrets
 import shutil
-import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..._posix import atomic_write, fsync_dir
+from ..._posix import fsync_dir
 from ..._text import printable
 from ...errors import IncompatibleRestorePoint, RestorePointError, UnsafeCheckpoint, UsageError
 from ...ops import Expectations
@@ -30,11 +27,10 @@ from ...ops.gate import decide, refuse
 from ...ops.resume import choose, read_head_file, resume_import
 from ...runtime.contract import (
     EXIT_INCOMPATIBLE,
-    READY_ENV,
-    REFUSED_FILE,
     RESUME_DIR_ENV,
     RESUME_HEAD_ENV,
     RESUME_URL_ENV,
+    report_refusal,
 )
 from ...trust import Trust
 from ._checkpoint import (
@@ -64,17 +60,7 @@ TRAINER_STATE = "trainer_state.json"
 
 
 def _report(exc: RestorePointError) -> None:
-    """One line, and the mismatches below it, on stderr (as the runtime prints a refusal);
-    under ``restorepoint run`` the refused field names for the supervisor's telemetry."""
-    lines = [f"restorepoint: error: {printable(str(exc))}"]
-    lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
-    print("\n".join(lines), file=sys.stderr, flush=True)
-    ready = os.environ.get(READY_ENV)
-    if ready and isinstance(exc, IncompatibleRestorePoint):
-        fields = [m["field"] for m in getattr(exc, "mismatches", ())]
-        doc = {"class": type(exc).__name__, "fields": fields, "pid": os.getpid()}
-        with contextlib.suppress(OSError):
-            atomic_write(Path(ready) / REFUSED_FILE, json.dumps(doc).encode() + b"\n")
+    report_refusal(exc)
 
 
 def resume_checkpoint(  # noqa: PLR0913 - public API: the trainer's resume options, keyword-only

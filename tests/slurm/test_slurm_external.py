@@ -100,7 +100,9 @@ def test_the_time_limit_warning_requeues_an_external_trainer_and_it_resumes(
         [*FAKE, "--headless", "-d", str(data), "-o", str(reference), "-i", str(ITERATIONS)],
         check=True, timeout=120, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    (newest,) = list_store(store, run="splat")  # the resumed run's own snapshots go on
-    assert newest.step > uploads[-1]
+    # The resumed run's own snapshots go on; the one it resumed from was marked while it ran
+    # (spec 19.9), so its prunes kept it beside the newest.
+    newest, resumed_from = list_store(store, run="splat")
+    assert newest.step > uploads[-1] == resumed_from.step
     final = f"splat_{ITERATIONS}.ply"
     assert (tmp_path / "out-1" / final).read_bytes() == (reference / final).read_bytes()

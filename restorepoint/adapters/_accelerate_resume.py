@@ -179,12 +179,10 @@ def write_imported(run: AccelerateRun) -> None:
 
 
 def check_pickles(run: AccelerateRun, path: Path) -> None:
-    """The pickles this process loads, each through the allowlist scan: the main process
-    every shared one and its own, every other process its own."""
-    names = [
-        n for n in pickles(state_files(path))
-        if rank_of(n) == run.rank or (run.is_main and rank_of(n) is None)
-    ]  # fmt: skip
+    """The pickles this process loads, each through the allowlist scan: every shared one
+    (optimizer, scheduler, custom checkpoints: every process loads them, and on another node
+    its directory is not the main process's) and its own RNG states."""
+    names = [n for n in pickles(state_files(path)) if rank_of(n) in (None, run.rank)]
     for name in names:
         check_loadable(path / name, extra_globals=run.safe_globals)
 

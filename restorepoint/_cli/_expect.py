@@ -123,7 +123,7 @@ def build_views(
     meet both; a field known to neither is unknown here. Without an adapter, the options are
     the view (or override the handoff's)."""
     from ..ops import load_config
-    from ..ops.gate import load_expectations
+    from ..ops.handoff import load_expectations
 
     config_data = load_config(config) if config is not None else None
     options = command_line_view(trainer, term, key, cache_root, config_data, None)

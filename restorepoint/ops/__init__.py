@@ -10,10 +10,8 @@ from .gate import (
     Expectations,
     Mismatch,
     check,
-    handoff_document,
-    load_expectations,
-    write_handoff,
 )
+from .handoff import handoff_document, load_expectations, write_handoff
 from .pack import DEFAULT_LEVEL, PackResult, describe, pack, pack_spec
 from .publish import PublishResult, publish
 from .spec import HeadSpec, PackOptions

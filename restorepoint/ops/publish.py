@@ -25,7 +25,7 @@ from ..errors import RestorePointError, UsageError
 from ..format import Manifest
 from ..storage import resolve
 from ._naming import entry_name, is_store_url
-from .gate import handoff_document, write_handoff
+from .handoff import handoff_document, write_handoff
 from .pack import PackResult, pack_spec
 from .spec import HeadSpec, PackOptions
 from .store import KeepBest, PruneReport, _store, prune

@@ -59,7 +59,7 @@ from restorepoint.format import (  # noqa: E402
 from restorepoint.format.identity import config_identity  # noqa: E402
 from restorepoint.format.limits import MAX_HEAD_BYTES, MAX_INDEX_BYTES, zstd_bound  # noqa: E402
 from restorepoint.ops import open_manifest  # noqa: E402
-from restorepoint.ops.gate import handoff_document, load_expectations  # noqa: E402
+from restorepoint.ops.handoff import handoff_document, load_expectations  # noqa: E402
 from restorepoint.testing.forge import ForgedEntry, Parts, assemble, encrypt  # noqa: E402
 from restorepoint.trust import (  # noqa: E402
     PAYLOAD_TYPE,

@@ -24,7 +24,8 @@ from restorepoint import (
     Trainer,
     config_identity,
 )
-from restorepoint.ops.gate import HANDOFF_FORMAT, UNSET, mismatches
+from restorepoint.ops.gate import UNSET, mismatches
+from restorepoint.ops.handoff import HANDOFF_FORMAT
 
 CONFIG: dict[str, Any] = {
     "lr": 0.001,

@@ -12,8 +12,6 @@ state record that says a directory is complete.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -21,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._posix import atomic_write
 from .._text import printable
 from ..errors import RestorePointError
 from ..format import Manifest, Position, Trainer
 from ..ops import Expectations
 from ..runtime.detect import TORCH_TERMS_SOURCE, torch_terms
 from ._expect import trainer_view
+from ._record import Incomplete, check_files, hashed_index, read_record, write_record
 
 __all__ = [
     "ACCELERATE_HINTS",
@@ -35,7 +33,6 @@ __all__ = [
     "StateRecord",
     "pickles",
     "rank_of",
-    "sha256_of",
     "state_files",
     "view_for",
 ]
@@ -84,14 +81,6 @@ def view_for(
     )
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def state_files(directory: Path) -> list[str]:
     """The files of a state directory: its regular files, the record and hidden ones aside."""
     return sorted(
@@ -125,23 +114,28 @@ class StateRecord:
         return self.head.position
 
     @classmethod
-    def write(cls, directory: Path, head: Manifest, world_size: int) -> list[str]:
-        """Record the files of ``directory`` as they are now (every process saved), whole or
-        not at all; returns their names."""
-        files = state_files(directory)
+    def write(
+        cls,
+        directory: Path,
+        head: Manifest,
+        world_size: int,
+        names: Sequence[str] | None = None,
+        index: Mapping[str, tuple[int, str]] | None = None,
+    ) -> list[str]:
+        """Record the files ``names`` of ``directory`` (all of them, as they are now: every
+        process saved), whole or not at all; returns their names. Each file's size and sha256
+        come from ``index`` (what the published restore point's index says of them) when it
+        names them all, else are hashed here."""
+        files = list(names) if names is not None else state_files(directory)
+        if index is None or any(n not in index for n in files):
+            index = hashed_index(directory, files)
         doc = {
-            "files": {
-                name: {
-                    "sha256": sha256_of(directory / name),
-                    "size": (directory / name).stat().st_size,
-                }
-                for name in files
-            },
+            "files": {n: {"sha256": index[n][1], "size": index[n][0]} for n in files},
             "format": _RECORD_FORMAT,
             "head": head.head_dict(),
             "world_size": world_size,
         }
-        atomic_write(directory / STATE_RECORD, json.dumps(doc, sort_keys=True).encode())
+        write_record(directory / STATE_RECORD, doc)
         return files
 
     @classmethod
@@ -150,12 +144,10 @@ class StateRecord:
         name a plain file name); None when there is none or it cannot be read (a directory
         that is not complete). Hostile until then: it may lie anywhere."""
         file = directory / STATE_RECORD
+        if not file.exists() and not file.is_symlink():
+            return None
         try:
-            with file.open("rb") as f:
-                data = f.read(_MAX_RECORD + 1)
-            doc = json.loads(data) if len(data) <= _MAX_RECORD else None
-            if not isinstance(doc, dict) or doc.get("format") != _RECORD_FORMAT:
-                raise ValueError("not a state record")
+            doc = read_record(file, _RECORD_FORMAT, _MAX_RECORD)
             files = doc["files"]
             if not isinstance(files, dict) or not all(
                 isinstance(n, str) and "/" not in n and "\0" not in n
@@ -169,9 +161,7 @@ class StateRecord:
             if not isinstance(world, int) or isinstance(world, bool) or world < 1:
                 raise ValueError("a bad world size")
             head = Manifest.from_head_dict(doc["head"])
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, RestorePointError) as exc:
+        except (Incomplete, OSError, ValueError, KeyError, TypeError, RestorePointError) as exc:
             log.warning("%s is not a readable state record: %s", file, printable(str(exc)))
             return None
         return cls(head, world, files)
@@ -179,15 +169,9 @@ class StateRecord:
     def incomplete(self, directory: Path) -> str | None:
         """Why the files of ``directory`` are not the ones recorded (a save killed midway, a
         file removed or truncated), or None: the directory is complete."""
-        for name, want in self.files.items():
-            file = directory / name
-            try:
-                if file.is_symlink() or not file.is_file():
-                    return f"{printable(name)} is missing"
-                if file.stat().st_size != want["size"]:
-                    return f"{printable(name)} has another size than the record says"
-                if sha256_of(file) != want["sha256"]:
-                    return f"{printable(name)} differs from the record"
-            except OSError as exc:
-                return f"{printable(name)}: {exc.strerror}"
+        try:
+            files = {n: (v["size"], v["sha256"]) for n, v in self.files.items()}
+            check_files(directory, files, STATE_RECORD)
+        except Incomplete as exc:
+            return str(exc)
         return None

@@ -96,6 +96,7 @@ from ._accelerate_state import (
     STATE_RECORD,
     StateRecord,
     rank_of,
+    state_files,
     view_for,
 )
 from ._expect import store_from_env
@@ -300,36 +301,63 @@ class AccelerateRun:
         return self.worker.wait(timeout) if self.worker is not None else True
 
     def _save(self, position: Position) -> list[str]:
-        """save_state on every process, then the record (the main process): the files."""
+        """save_state on every process; the files (named by the main process). Without a
+        store the record follows at once (its files hashed here); with one it follows the
+        publish, from what the published index says of them (``_publish_job``): the files
+        are hashed once, by the publish, and off the training thread."""
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.is_main:
             # A save killed midway leaves a directory without a record: not complete.
             (self.directory / STATE_RECORD).unlink(missing_ok=True)
         self.accelerator.save_state(str(self.directory))
         self._barrier()
-        files = self._together(lambda: self._write_record(position) if self.is_main else None)
-        return list(self._broadcast(files))
+        files = self._together(lambda: state_files(self.directory) if self.is_main else None)
+        files = list(self._broadcast(files))
+        if self.store is None:
+            self._together(lambda: self._write_record(position, files) if self.is_main else None)
+        return files
 
     def _work(self, job: _Job) -> None:
         self._publish_job(job)
 
     def _publish_job(self, job: _Job, *, raise_errors: bool = False) -> str | None:
-        """Publish one saved state (the worker's job: a failure is recorded, never raised)."""
+        """Publish one saved state (the worker's job: a failure is recorded, never raised),
+        then the record of the directory: complete whether or not the publish landed."""
+        index: dict[str, tuple[int, str]] = {}
         try:
-            url = self._publish(job.files, job.head)
+            url = self._publish(job.files, job.head, index)
         except Exception as exc:
             self.uploads.append({"step": job.step, "ok": False, "error": str(exc)})
+            self._record_saved(job, None)
             if raise_errors:
                 raise
             log.warning("publishing the state at step %d failed: %s", job.step, exc)
             return None
+        self._record_saved(job, index)
         self.uploads.append({"step": job.step, "ok": True, "url": url})
         return url
 
-    def _write_record(self, position: Position) -> list[str]:
-        return StateRecord.write(self.directory, self.head(position).manifest, self.world)
+    def _record_saved(self, job: _Job, index: dict[str, tuple[int, str]] | None) -> None:
+        if not self.is_main:
+            return
+        try:
+            self._write_record(job.head.manifest.position, job.files, index)
+        except OSError as exc:
+            log.warning("the state record at step %d was not written: %s", job.step, exc)
 
-    def _publish(self, files: list[str], head: HeadSpec) -> str:
+    def _write_record(
+        self,
+        position: Position,
+        files: list[str] | None = None,
+        index: dict[str, tuple[int, str]] | None = None,
+    ) -> list[str]:
+        return StateRecord.write(
+            self.directory, self.head(position).manifest, self.world, files, index
+        )
+
+    def _publish(self, files: list[str], head: HeadSpec, index: dict[str, tuple[int, str]]) -> str:
+        """Publish ``files``; ``index`` is filled with what the restore point's index says of
+        each (its size and sha256)."""
         store = self.store or ""
         if self.world == 1:
             result = publish(
@@ -343,6 +371,8 @@ class AccelerateRun:
             )
             if result.prune_error is not None:
                 log.warning("the prune after %s failed: %s", result.url, result.prune_error)
+            if result.manifest.payload is not None:
+                index.update({e.path: (e.size, e.sha256) for e in result.manifest.payload})
             return result.url
         from ..runtime.sharded import publish_ranks
 
@@ -359,6 +389,7 @@ class AccelerateRun:
             keep_last=self.keep_last,
             keep_best=self.keep_best,
             group=self._group,
+            files_out=index,
         )
 
     # -- resuming --------------------------------------------------------------------------------

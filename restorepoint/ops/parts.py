@@ -110,12 +110,14 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
     options: PackOptions = PackOptions(),
     include: Sequence[str] | None = None,
     verify_it: bool = False,
+    files_out: dict[str, tuple[int, str]] | None = None,
 ) -> PartRef:
     """Pack ``source`` (or its files ``include``) as the part of ``rank`` (None: the part all
     ranks share) of the commit ``plan`` describes, create-only under the commit's parts
     prefix. Nothing is a restore point until ``publish_commit`` names the part. With
     ``verify_it`` the part is read back and verified end to end, by this rank, before it is
-    named (what lets the prune after the commit trust its payload, spec 25.5)."""
+    named (what lets the prune after the commit trust its payload, spec 25.5). ``files_out``
+    is filled with each packed file's size and sha256, as the part's index says them."""
     if rank is not None and not 0 <= rank < plan.world_size:
         raise UsageError(f"rank {rank} is not below the world size {plan.world_size}")
     location = _store(store, options.storage_options)
@@ -138,6 +140,8 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
             raise IntegrityError(
                 "the part read back is not the one packed", url=target.url, expected=result.digest
             )
+    if files_out is not None and result.manifest.payload is not None:
+        files_out.update({e.path: (e.size, e.sha256) for e in result.manifest.payload})
     return PartRef(name, rank, result.id, result.digest, result.size)
 
 

@@ -84,13 +84,15 @@ def publish_ranks(  # noqa: PLR0913 - the directory, store, head, who holds what
     keep_last: int | None = None,
     keep_best: KeepBest | None = None,
     group: Any = None,
+    files_out: dict[str, tuple[int, str]] | None = None,
 ) -> str:
     """One multi-part restore point of a directory every rank wrote into (spec section 25),
     collective over ``group``: each rank publishes its files ``own`` as its part, rank 0 also
     ``shared`` (given on rank 0; none: no shared part) as the shared part, and rank 0, once
     every part is in, the commit. Returns the commit's URL on every rank; raises on every rank
     when any rank's part failed (then no commit was published). DCP's checkpoints and
-    Accelerate's state directories go out this way."""
+    Accelerate's state directories go out this way. ``files_out`` is filled, on every rank,
+    with each file of every part, its size and sha256 as the parts' indexes say them."""
     dist = torch.distributed
     rank, world = _world(group)
     alone = world == 1 and not dist.is_initialized()
@@ -106,6 +108,7 @@ def publish_ranks(  # noqa: PLR0913 - the directory, store, head, who holds what
     check = (keep_last is not None or keep_best is not None) and not options.encrypt_to
     refs: list[dict[str, Any]] = []
     error = ""
+    files: dict[str, tuple[int, str]] = {}
 
     def part(include: list[str], part_rank: int | None) -> dict[str, Any]:
         return publish_part(
@@ -117,6 +120,7 @@ def publish_ranks(  # noqa: PLR0913 - the directory, store, head, who holds what
             options=options,
             include=include,
             verify_it=check,
+            files_out=files,
         ).to_dict()
 
     try:
@@ -125,14 +129,14 @@ def publish_ranks(  # noqa: PLR0913 - the directory, store, head, who holds what
             refs.append(part(list(shared), None))
     except RestorePointError as exc:
         error = f"rank {rank}: {type(exc).__name__}: {exc.message}"
-    gathered: list[Any] = [(refs, error)] if alone else [None] * world
+    gathered: list[Any] = [(refs, error, files)] if alone else [None] * world
     if not alone:
-        dist.all_gather_object(gathered, (refs, error), group=group)
-    errors = [e for _, e in gathered if e]
+        dist.all_gather_object(gathered, (refs, error, files), group=group)
+    errors = [e for _, e, _ in gathered if e]
     result: list[Any] = [None]
     if not errors and rank == 0:
         try:
-            every = [PartRef(**r) for got, _ in gathered for r in got]
+            every = [PartRef(**r) for got, _, _ in gathered for r in got]
             result[0] = publish_commit(
                 store,
                 head,
@@ -149,6 +153,9 @@ def publish_ranks(  # noqa: PLR0913 - the directory, store, head, who holds what
         result[0] = result[0] or {"errors": errors}
     if not alone:
         dist.broadcast_object_list(result, src=0, group=group)
+    if files_out is not None:
+        for _, _, each in gathered:
+            files_out.update(each)
     if isinstance(result[0], dict):
         raise StorageError(
             "no restore point: " + "; ".join(result[0]["errors"] or errors), url=store

@@ -128,6 +128,13 @@ def test_publish_and_resume_from_the_store_bit_for_bit(
         "model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.bin",
     }  # fmt: skip
 
+    # The state record says of each file what the published index says: the files were
+    # hashed once, by the publish, not again for the record.
+    record = json.loads((tmp_path / "a" / STATE_RECORD).read_text())
+    assert record["files"] == {
+        e.path: {"sha256": e.sha256, "size": e.size} for e in head.payload or ()
+    }
+
     # Another machine: other weights, a fresh directory, the same store.
     accelerator, model, optimizer, scheduler = fresh(seed=1)
     torch.manual_seed(99)
@@ -289,3 +296,26 @@ def test_a_restore_point_handed_over_by_restorepoint_run_resume_from(
         f"{tmp_path / 'b'}: step 2"
     ) in done.stderr
     assert (tmp_path / "b" / STATE_RECORD).is_file()
+
+
+def test_with_a_store_the_files_are_hashed_once_by_the_publish(
+    tmp_path: Path, fresh: Any, store: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import restorepoint.adapters._accelerate_state as state
+
+    def hashed_again(*args: Any) -> Any:
+        raise AssertionError("the state record hashed the files the publish had hashed")
+
+    monkeypatch.setattr(state, "hashed_index", hashed_again)
+    accelerator, model, optimizer, scheduler = fresh()
+    train(accelerator, model, optimizer, scheduler, 1)
+    url = publish_state(accelerator, tmp_path / "a", step=1, **store)
+    assert url is not None
+    payload = inspect_restore_point(url, storage_options=store["storage_options"]).manifest.payload
+    record = json.loads((tmp_path / "a" / STATE_RECORD).read_text())
+    assert record["files"] == {e.path: {"sha256": e.sha256, "size": e.size} for e in payload or ()}
+    # Without a store there is no index to take them from: hashed here, at the save.
+    monkeypatch.undo()
+    publish_state(accelerator, tmp_path / "c", step=1, config=CONFIG)
+    local = json.loads((tmp_path / "c" / STATE_RECORD).read_text())
+    assert local["files"] == record["files"]

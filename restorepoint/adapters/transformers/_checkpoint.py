@@ -21,8 +21,6 @@ and never imported.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import re
@@ -30,11 +28,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..._posix import FileTooLarge, NotRegularFile, atomic_write, read_regular
-from ...errors import IntegrityError, RestorePointError
+from ...errors import RestorePointError
 from ...format import Manifest
-from ...format.paths import check_paths
 from ...runtime.safe_load import check_loadable
+from .._record import Incomplete, check_files, hashed_index, payload_index, read_record
+from .._record import write_record as _write
 
 __all__ = [
     "PICKLES",
@@ -94,23 +92,11 @@ def published_files(directory: Path) -> list[str]:
     return sorted(out)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def file_index(directory: Path, manifest: Manifest | None = None) -> dict[str, list[Any]]:
     """``{path: [size, sha256]}``: the published restore point's index when given, else the
     files of ``directory`` hashed here."""
-    if manifest is not None and manifest.payload is not None:
-        return {e.path: [e.size, e.sha256] for e in manifest.payload}
-    return {
-        rel: [(directory / rel).stat().st_size, _sha256(directory / rel)]
-        for rel in published_files(directory)
-    }
+    index = payload_index(manifest) or hashed_index(directory, published_files(directory))
+    return {rel: [size, sha256] for rel, (size, sha256) in index.items()}
 
 
 def write_record(
@@ -121,9 +107,7 @@ def write_record(
     newer checkpoint was saved would make the older one look newest (the newest then
     rotated away)."""
     doc = {"format": _RECORD_FORMAT, "head": dict(head), "files": dict(index), "url": url}
-    before = os.stat(directory)
-    atomic_write(directory / RECORD, json.dumps(doc, sort_keys=True).encode() + b"\n")
-    os.utime(directory, ns=(before.st_atime_ns, before.st_mtime_ns))
+    _write(directory / RECORD, doc, keep_mtime_of=directory)
 
 
 class Complete:
@@ -137,28 +121,6 @@ class Complete:
         self.url = url
 
 
-class Incomplete(Exception):
-    """Why a checkpoint directory is not complete (one line)."""
-
-
-def _read_record(directory: Path) -> dict[str, Any]:
-    try:
-        raw = read_regular(directory / RECORD, limit=_RECORD_LIMIT)
-    except FileNotFoundError:
-        raise Incomplete(
-            f"no {RECORD} (never completed, or written without the callback)"
-        ) from None
-    except (NotRegularFile, FileTooLarge, OSError) as exc:
-        raise Incomplete(f"{RECORD} cannot be read ({exc})") from None
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise Incomplete(f"{RECORD} is not JSON") from None
-    if not isinstance(doc, dict) or doc.get("format") != _RECORD_FORMAT:
-        raise Incomplete(f"{RECORD} is not a checkpoint record")
-    return doc
-
-
 def complete(directory: Path) -> Complete:
     """The checkpoint's record, checked against its files (Incomplete when it is not: one
     line saying why). Hostile until checked: the record is size-capped and read without
@@ -166,7 +128,7 @@ def complete(directory: Path) -> Complete:
     step = checkpoint_step(directory)
     if step is None:
         raise Incomplete("not a checkpoint-N directory")
-    doc = _read_record(directory)
+    doc = read_record(directory / RECORD, _RECORD_FORMAT, _RECORD_LIMIT)
     try:
         head = Manifest.from_head_dict(doc.get("head"))
     except (RestorePointError, TypeError, ValueError) as exc:
@@ -177,11 +139,8 @@ def complete(directory: Path) -> Complete:
     url = doc.get("url")
     if not isinstance(files, dict) or not files or not (url is None or isinstance(url, str)):
         raise Incomplete(f"{RECORD} lists no files")
-    try:
-        check_paths(sorted(files, key=lambda p: p.encode()))
-    except (IntegrityError, TypeError) as exc:
-        raise Incomplete(f"{RECORD} lists a path that is not allowed ({exc})") from None
-    for rel, entry in sorted(files.items()):
+    index: dict[str, tuple[int, str]] = {}
+    for rel, entry in files.items():
         if not (
             isinstance(entry, list)
             and len(entry) == 2
@@ -189,16 +148,8 @@ def complete(directory: Path) -> Complete:
             and isinstance(entry[1], str)
         ):
             raise Incomplete(f"{RECORD} has a bad entry for {rel}")
-        path = directory / rel
-        try:
-            if path.is_symlink() or not path.is_file():
-                raise Incomplete(f"{rel} is missing")
-            if path.stat().st_size != entry[0]:
-                raise Incomplete(f"{rel} has {path.stat().st_size} bytes, not {entry[0]}")
-        except OSError as exc:
-            raise Incomplete(f"{rel} cannot be read ({exc.strerror})") from None
-        if _sha256(path) != entry[1]:
-            raise Incomplete(f"{rel} differs from the published index (sha256)")
+        index[rel] = (entry[0], entry[1])
+    check_files(directory, index, RECORD)
     return Complete(directory, step, head, url)
 
 

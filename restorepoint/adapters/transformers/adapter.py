@@ -12,8 +12,9 @@ from typing import Any
 from ...format import Manifest, Position
 from ...ops import Expectations
 from ...ops.local_view import DATA_KEY, data_digest
+from .._record import Incomplete
 from ..base import Snapshot, TrainerInfo, preempt_signal, send_signal
-from ._checkpoint import RECORD, Incomplete, complete, published_files
+from ._checkpoint import RECORD, complete, published_files
 from ._view import OPERATIONAL_KEYS, local_view, trainer_info
 
 __all__ = ["TransformersAdapter"]

@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .._posix import preempt_signal, send_signal, signal_number
+from .._posix import preempt_signal, signal_number
 from ..errors import MissingExtra, UsageError
 from ..format import Manifest, Position
 from ..ops.gate import Expectations
@@ -34,6 +34,16 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "restorepoint.adapters"
+
+
+def send_signal(pid: int, signum: int) -> None:
+    """Send a running trainer its adapter's signal (a snapshot request, or the preemption
+    signal that stops it) through the one guarded request (``runtime.contract
+    .request_snapshot``): nothing is sent to a process that is gone (NotFound, exit 4), not
+    this user's, or that does not catch the signal and would die of it (UsageError, exit 2)."""
+    from ..runtime.contract import SnapshotTarget, request_snapshot
+
+    request_snapshot(SnapshotTarget(pid, int(signum), allowed=frozenset({int(signum)})))
 
 
 @dataclass(frozen=True)

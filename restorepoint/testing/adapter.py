@@ -11,6 +11,9 @@ Subclass ``AdapterConformance`` in a test module and provide three fixtures:
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,11 +79,28 @@ class AdapterConformance:
         assert isinstance(command, list) and all(isinstance(a, str) for a in command)
 
     def test_request_snapshot_of_a_missing_process_is_refused(self, adapter: Adapter) -> None:
-        from ..errors import UsageError
+        from ..errors import NotFound, UsageError
 
         pid = _dead_pid()
-        with pytest.raises(UsageError):
+        with pytest.raises((NotFound, UsageError)):
             adapter.request_snapshot(pid)
+
+    def test_request_snapshot_never_kills_a_process_that_does_not_catch_it(
+        self, adapter: Adapter
+    ) -> None:
+        """A process that does not handle the adapter's signal (not up yet, or not the
+        trainer) is refused, not sent a signal it would die of."""
+        from ..errors import UsageError
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            time.sleep(0.3)
+            with pytest.raises(UsageError, match="does not catch"):
+                adapter.request_snapshot(child.pid)
+            assert child.poll() is None
+        finally:
+            child.kill()
+            child.wait()
 
 
 def _dead_pid() -> int:

@@ -59,9 +59,11 @@ from ..runtime.contract import (
     READY_ENV,
     RESUME_DIR_ENV,
     SIGNING_KEY_ENV,
+    STOP_DIR_ENV,
     STORE_ENV,
     Ready,
     SnapshotTarget,
+    ended_by_refusal,
     read_ready,
     request_snapshot,
 )
@@ -401,6 +403,7 @@ class Supervisor(ResumeSteps, NoticeSteps):
             )
         if self._loop is not None and not self._loop.finish(self.snapshot_timeout_s):
             log.warning("a publish was still running at the end; left to finish")
+        code = _refused_through_launcher(code)
         if code == EXIT_INCOMPATIBLE:
             self._trainer_refused()
         else:
@@ -415,6 +418,19 @@ class Supervisor(ResumeSteps, NoticeSteps):
             )
             return EXIT_RESUMABLE
         return 128 - code if code < 0 else code  # killed by a signal: the shell way
+
+
+def _refused_through_launcher(code: int) -> int:
+    """Exit 3 where a launcher failed (torchrun and accelerate launch exit 1 when a worker
+    exits 3) because a worker's resume was refused: it left its marker in the stop
+    directory."""
+    stop_dir = os.environ.get(STOP_DIR_ENV)
+    if code in (0, EXIT_RESUMABLE, EXIT_INCOMPATIBLE) or not stop_dir:
+        return code
+    if not ended_by_refusal(Path(stop_dir)):
+        return code
+    log.info("the trainer's launcher exited %d after a refused resume: exit 3", code)
+    return EXIT_INCOMPATIBLE
 
 
 def _ignore_stop_signals() -> None:

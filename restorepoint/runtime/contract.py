@@ -68,6 +68,8 @@ __all__ = [
     "RunDirectory",
     "SnapshotTarget",
     "Watched",
+    "ended_by_refusal",
+    "leave_refusal_marker",
     "leave_stop_marker",
     "max_resubmits_from_env",
     "now",
@@ -269,6 +271,8 @@ def report_refusal(exc: RestorePointError, *, main: bool = True) -> None:
     lines = [f"restorepoint: error: {printable(str(exc))}"]
     lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
     print("\n".join(lines), file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError, ValueError):
+        leave_refusal_marker(exc)
     ready = os.environ.get(READY_ENV)
     if ready and main:
         fields = [m["field"] for m in getattr(exc, "mismatches", ())]
@@ -576,6 +580,8 @@ def request_snapshot(
 #: ``stopped-LOCAL_RANK-of-LOCAL_WORLD_SIZE.json``: one per process of a node that stopped by
 #: the contract. The Slurm template (restorepoint/slurm/template.py) reads the same names.
 _STOP_MARKER = re.compile(r"stopped-(\d{1,6})-of-(\d{1,6})\.json")
+#: ``refused-LOCAL_RANK-of-LOCAL_WORLD_SIZE.json``: a process whose resume was refused (exit 3).
+_REFUSAL_MARKER = re.compile(r"refused-(\d{1,6})-of-(\d{1,6})\.json")
 
 
 def leave_stop_marker(doc: Mapping[str, Any]) -> Path | None:
@@ -585,11 +591,44 @@ def leave_stop_marker(doc: Mapping[str, Any]) -> Path | None:
     stop_dir = os.environ.get(STOP_DIR_ENV)
     if not stop_dir:
         return None
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    path = Path(stop_dir) / f"stopped-{local_rank}-of-{local_world}.json"
+    path = _local_marker(stop_dir, "stopped")
     atomic_write(path, _json_line({**doc, "exit": EXIT_RESUMABLE, "pid": os.getpid()}))
     return path
+
+
+def _local_marker(stop_dir: str, kind: str) -> Path:
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return Path(stop_dir) / f"{kind}-{local_rank}-of-{local_world}.json"
+
+
+def leave_refusal_marker(exc: RestorePointError) -> Path | None:
+    """This process ends by a refused resume (exit 3): say so in ``$RESTOREPOINT_STOP_DIR``
+    (``refused-LOCAL_RANK-of-LOCAL_WORLD_SIZE.json``), so that a launcher's failure (torchrun
+    and ``accelerate launch`` exit 1 when a worker exits 3) is still exit 3. Nothing without
+    the variable."""
+    stop_dir = os.environ.get(STOP_DIR_ENV)
+    if not stop_dir:
+        return None
+    path = _local_marker(stop_dir, "refused")
+    doc = {"class": type(exc).__name__, "exit": exc.exit_code, "pid": os.getpid()}
+    atomic_write(path, _json_line(doc))
+    return path
+
+
+def ended_by_refusal(stop_dir: Path) -> bool:
+    """Whether a process of this node refused its resume (left a refusal marker in
+    ``stop_dir``) and none stopped by the contract. Only the names are read."""
+    try:
+        names = [p.name for p in stop_dir.iterdir()]
+    except OSError:
+        return False
+    refused = [n for n in names if n.startswith("refused-")]
+    return (
+        bool(refused)
+        and all(_REFUSAL_MARKER.fullmatch(n) for n in refused)
+        and not any(n.startswith("stopped-") for n in names)
+    )
 
 
 def stopped_by_contract(stop_dir: Path) -> bool:
@@ -613,7 +652,12 @@ def stopped_by_contract(stop_dir: Path) -> bool:
 def resumable_exit(code: int, stop_dir: Path) -> int:
     """A launcher's exit code as the scheduler should see it: 42 where the launcher failed
     (torchrun exits 1 when a worker exits 42) but every worker of this node ended by the stop
-    contract; ``code`` otherwise."""
-    if code not in (0, EXIT_RESUMABLE) and stopped_by_contract(stop_dir):
+    contract; 3 where it failed because a worker's resume was refused (and none stopped);
+    ``code`` otherwise."""
+    if code in (0, EXIT_RESUMABLE, EXIT_INCOMPATIBLE):
+        return code
+    if stopped_by_contract(stop_dir):
         return EXIT_RESUMABLE
+    if ended_by_refusal(stop_dir):
+        return EXIT_INCOMPATIBLE
     return code

@@ -3,7 +3,8 @@ on gloo (tests/adapters/_accelerate_job.py), under ``restorepoint run`` with a s
 server. A SIGTERM mid-loop ends the job with 42, and the stop's state is ONE multi-part restore
 point (each process's RNG states its own part, the rest the shared part, one commit). A fresh
 directory resumes from it, each process its own files, and ends bit for bit where an
-uninterrupted run ends. A changed config is then refused naming its field: exit 3.
+uninterrupted run ends. A changed config is then refused naming its field: exit 3, through
+the launcher (which exits 1 when a process exits 3).
 
 ``accelerate launch --cpu`` starts one process (its several CPU processes need MPI); with
 ``--multi_gpu`` on a machine without GPUs it starts torch.distributed's launcher, and the
@@ -132,13 +133,10 @@ def test_two_processes_one_multipart_restore_point_sigterm_42_and_a_bit_for_bit_
     ]  # fmt: skip
     assert_same_as_reference(tmp_path, "b")
 
-    # The same run with another learning rate: refused, naming the field; exit 3.
+    # The same run with another learning rate, under the launcher: refused, naming the field;
+    # exit 3, though accelerate launch exits 1 when a process exits 3.
     refused = subprocess.run(
-        supervised(
-            store,
-            [sys.executable, str(JOB), "--dir", str(tmp_path / "c"), "--out", str(tmp_path / "c"),
-             "--run", "acc", "--lr", "0.5"],
-        ),
+        supervised(store, launch(tmp_path, "c", "--lr", "0.5")),
         capture_output=True, text=True, env=env, timeout=WAIT, check=False,
     )  # fmt: skip
     assert refused.returncode == 3, refused.stderr

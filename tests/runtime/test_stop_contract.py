@@ -17,10 +17,14 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
+from restorepoint.errors import IncompatibleRestorePoint  # noqa: E402
 from restorepoint.ops import list_store  # noqa: E402
 from restorepoint.runtime.contract import (  # noqa: E402
     MAX_RESUBMITS_ENV,
+    READY_ENV,
     STOP_DIR_ENV,
+    ended_by_refusal,
+    report_refusal,
     resumable_exit,
     stopped_by_contract,
 )
@@ -240,3 +244,27 @@ def test_the_marker_rule(tmp_path: Path) -> None:
     (d / "stopped-2-of-3.json").write_text("{}")
     assert not stopped_by_contract(d)
     assert not stopped_by_contract(tmp_path / "missing")
+
+
+def test_a_refusal_marker_keeps_exit_3_through_a_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A process whose resume is refused says so in the stop directory (report_refusal), and
+    a launcher's failure is then 3, unless a process stopped by the contract (42 wins)."""
+    d = tmp_path / "stop"
+    d.mkdir()
+    monkeypatch.setenv(STOP_DIR_ENV, str(d))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv(READY_ENV, raising=False)
+    report_refusal(IncompatibleRestorePoint("refused: config differs"))
+    assert "restorepoint: error: refused: config differs" in capsys.readouterr().err
+    assert [p.name for p in d.iterdir()] == ["refused-1-of-2.json"]
+    assert json.loads((d / "refused-1-of-2.json").read_text())["exit"] == 3
+    assert ended_by_refusal(d)
+    assert [resumable_exit(c, d) for c in (0, 1, 3, 42, 143)] == [0, 3, 3, 42, 3]
+    (d / "stopped-0-of-2.json").write_text("{}")
+    assert not ended_by_refusal(d) and resumable_exit(1, d) == 1
+    (d / "stopped-0-of-2.json").unlink()
+    (d / "refused-x-of-2.json").write_text("{}")
+    assert not ended_by_refusal(d) and resumable_exit(1, d) == 1

@@ -39,7 +39,7 @@ fi
 stop_dir="${{RESTOREPOINT_STOP_DIR:-$own_stop_dir}}"
 export RESTOREPOINT_STOP_DIR="$stop_dir"
 mkdir -p "$stop_dir"
-rm -f "$stop_dir"/stopped-*-of-*.json
+rm -f "$stop_dir"/stopped-*-of-*.json "$stop_dir"/refused-*-of-*.json
 # Every process of this node left its marker: local ranks 0 to N-1 of one N (contract.py).
 stopped_by_contract() {{
     local world="" n=0 f name rank w
@@ -81,7 +81,7 @@ if [ "$code" -ne 0 ] && [ "$code" -ne {resumable} ] && stopped_by_contract; then
     echo "restorepoint: every process stopped by the contract: exit {resumable}" >&2
     code={resumable}
 fi
-rm -f "$stop_dir"/stopped-*-of-*.json
+rm -f "$stop_dir"/stopped-*-of-*.json "$stop_dir"/refused-*-of-*.json
 if [ -n "$own_stop_dir" ]; then
     rmdir "$own_stop_dir" 2>/dev/null || true
 fi

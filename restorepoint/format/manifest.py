@@ -433,8 +433,8 @@ class Manifest:
             )
         if encryption is not None:
             _check_encryption(encryption)
-        parts, part = _multipart(obj, features, version)
         _check_delta(obj, features, version)
+        parts, part = _multipart(obj, features, version)
         run = obj.get("run", None)
         if run is not None and not RUN_PATTERN.fullmatch(_str(run, "run")):
             raise MalformedManifest(

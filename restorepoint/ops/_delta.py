@@ -1,18 +1,30 @@
 """Reading incremental restore points (spec section 28): opening the bases an object names,
 beside it in its run's prefix of the store, each checked to be the one named before any of its
-bytes is used. Used by verify, import and materialize; publishing is ``ops._increment``."""
+bytes is used. Used by verify, import, materialize and prune; publishing is ``ops._increment``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError, NotFound, RestorePointError
-from ..format import Manifest, parse_head, read_index, read_prefix, read_tail, restore_point_digest
+from ..format import (
+    DELTA_FEATURE,
+    Manifest,
+    parse_head,
+    parse_index,
+    read_index,
+    read_prefix,
+    read_tail,
+    restore_point_digest,
+)
 from ..format.delta import Base
 from ..storage import Location
 
-__all__ = ["StoreBases", "bases_for"]
+if TYPE_CHECKING:
+    from .store import StoreEntry
+
+__all__ = ["StoreBases", "bases_for", "bases_of", "keep_bases"]
 
 
 @dataclass
@@ -82,3 +94,42 @@ class StoreBases:
 def bases_for(location: Location, manifest: Manifest) -> StoreBases | None:
     """The bases of ``manifest`` when it names any."""
     return StoreBases(location, manifest) if manifest.bases else None
+
+
+def keep_bases(
+    location: Location, entries: list[StoreEntry], reasons: dict[str, list[str]]
+) -> None:
+    """Every base of a kept restore point is kept too, and theirs in turn (spec section 28.5):
+    a prune never breaks a chain. The bases come from the kept ones' heads and indexes (bounded
+    reads, no payload); one that cannot be read names none (it does not verify either)."""
+    listed = {e.name: e for e in entries}
+    todo = [e for e in entries if reasons[e.name]]
+    seen = {e.name for e in todo}
+    while todo:
+        entry = todo.pop()
+        for name in bases_of(location.join(entry.name)):
+            base = listed.get(name)
+            if base is None:
+                continue  # already gone: fsck reports the dangling reference
+            reasons[name].append(f"base of {entry.name}")
+            if name not in seen:
+                seen.add(name)
+                todo.append(base)
+
+
+def bases_of(location: Location) -> list[str]:
+    """The store names of the bases the restore point at ``location`` references (none when
+    it is not incremental or cannot be read up to its index)."""
+    reader = location.reader()
+    try:
+        prefix = read_prefix(reader)
+        head = parse_head(prefix)
+        if DELTA_FEATURE not in head.manifest.required_features:
+            return []
+        tail = read_tail(reader, prefix.data_start)
+        manifest = parse_index(head, tail, read_index(reader, tail))
+    except (IntegrityError, NotFound):
+        return []
+    finally:
+        reader.close()
+    return [b.name for b in manifest.bases or ()]

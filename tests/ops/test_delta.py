@@ -19,7 +19,7 @@ from clirun import cli, one_error_line
 from restorepoint import IntegrityError, NotFound, UnsupportedFormat
 from restorepoint.format import canonical_dumps, read_head, read_prefix, read_tail
 from restorepoint.format import manifest as manifest_module
-from restorepoint.format.layout import FOOTER
+from restorepoint.format.layout import END_MAGIC, FOOTER
 from restorepoint.ops import import_restore_point, latest, list_store, prune, verify
 from restorepoint.ops.materialize import materialize
 from restorepoint.ops.publish import HeadSpec, PackOptions, PublishResult, publish
@@ -175,7 +175,7 @@ def _rewrite_index(path: Path, change: Callable[[dict[str, Any]], None]) -> None
     change(index)
     new = canonical_dumps(index)
     footer = FOOTER.pack(
-        tail.index_offset, len(new), hashlib.sha256(new).digest(), 0, b"\x1aRPTEND\n"
+        tail.index_offset, len(new), hashlib.sha256(new).digest(), 0, END_MAGIC
     )
     path.write_bytes(data[: tail.index_offset] + new + footer)
 
@@ -322,7 +322,7 @@ def test_delta_1_goes_with_1_2_a_run_and_no_encryption() -> None:
 
     head = Spec(position=1, run="r1").head().head_dict()
     head["required_features"] = ["delta/1"]
-    with pytest.raises(MalformedManifest, match="1.2"):
+    with pytest.raises(MalformedManifest, match=r"1\.2"):
         manifest_module.Manifest.from_head_dict(head)
     head["format_version"] = "1.2"
     assert manifest_module.Manifest.from_head_dict(head).required_features == ("delta/1",)

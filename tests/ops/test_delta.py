@@ -174,9 +174,7 @@ def _rewrite_index(path: Path, change: Callable[[dict[str, Any]], None]) -> None
     index = json.loads(data[tail.index_offset : tail.index_offset + tail.index_length])
     change(index)
     new = canonical_dumps(index)
-    footer = FOOTER.pack(
-        tail.index_offset, len(new), hashlib.sha256(new).digest(), 0, END_MAGIC
-    )
+    footer = FOOTER.pack(tail.index_offset, len(new), hashlib.sha256(new).digest(), 0, END_MAGIC)
     path.write_bytes(data[: tail.index_offset] + new + footer)
 
 
@@ -355,3 +353,22 @@ def test_the_cli_publishes_incrementally_and_materializes(tmp_path: Path) -> Non
     proc = cli("pack", str(src), str(tmp_path / "x.rp"), "--step", "3", "--incremental")
     assert proc.returncode == 2
     assert "store" in one_error_line(proc)
+
+
+def test_the_schema_validates_an_incremental_manifest_and_its_index(
+    chain: tuple[Path, Path],
+) -> None:
+    from jsonschema import Draft202012Validator
+
+    from restorepoint.ops import read_manifest
+
+    schema = json.loads(
+        (Path(__file__).resolve().parents[2] / "spec" / "manifest.schema.json").read_text()
+    )
+    _, good = chain
+    manifest = read_manifest(str(good))
+    assert manifest.bases
+    doc = manifest.to_dict()
+    assert list(Draft202012Validator(schema).iter_errors(doc)) == []
+    doc["payload"][0]["refs"] = [[0, 1, 0]]
+    assert list(Draft202012Validator(schema).iter_errors(doc)) != []

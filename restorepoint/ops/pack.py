@@ -35,6 +35,7 @@ from ..format.manifest import ENCRYPTION_FEATURE
 from ..format.writer import DeltaPlan
 from ..storage import Location, deadline_left, resolve
 from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
+from ._cuts import cuts_for
 from ._naming import entry_name, is_store_url
 from ._source import SourceFile, list_source
 from .spec import (
@@ -343,6 +344,7 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
     delta: DeltaPlan | None = None,
 ) -> Written:
     """Writer steps 1-6 into an atomic publisher; the commit is the last step."""
+    named = DELTA_FEATURE in head.required_features
     with location.publish(size_hint=total, create_only=create_only) as publisher:
         writer = Writer(
             publisher,
@@ -360,7 +362,9 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
         try:
             writer.begin()
             for item in files:
-                _add(writer, item.path, item.location, item.size)
+                # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
+                cuts = cuts_for(item.location, item.size, head.chunk_size) if named else None
+                _add(writer, item.path, item.location, item.size, cuts)
             written = writer.finish()
         except BaseException:
             writer.abort()
@@ -368,7 +372,9 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
     return written
 
 
-def _add(writer: Writer, path: str, location: str, size: int) -> None:
+def _add(
+    writer: Writer, path: str, location: str, size: int, cuts: list[int] | None = None
+) -> None:
     """One source file into the writer; its read errors are the source's, not the store's."""
     try:
         stream = open(location, "rb", buffering=0)  # noqa: SIM115
@@ -377,6 +383,6 @@ def _add(writer: Writer, path: str, location: str, size: int) -> None:
     with stream:
         try:
             with at_url(location):
-                writer.add(path, stream, size)
+                writer.add(path, stream, size, cuts)
         except OSError as exc:
             raise SourceError(f"cannot read ({exc.strerror})", url=location) from None

@@ -409,3 +409,25 @@ def test_tensors_that_move_are_found_whole_in_torch_zips_and_safetensors(tmp_pat
     import_restore_point(results[1].url, dest)
     for name in ("last.ckpt", "model.safetensors"):
         assert (dest / name).read_bytes() == (src / name).read_bytes()
+
+
+def test_fsck_reports_a_dangling_reference_from_the_index_alone(tmp_path: Path) -> None:
+    from restorepoint.ops.fsck import fsck
+
+    store = f"{tmp_path}/store/"
+    frozen = os.urandom(2 * MIB)
+    src = tmp_path / "src"
+    _write(src, frozen, 1)
+    first = _publish(src, store, 1)
+    _write(src, frozen, 2)
+    second = _publish(src, store, 2)
+    assert fsck(store).clean
+    os.remove(first.url)
+    report = fsck(store)
+    (finding,) = report.findings
+    assert finding.kind == "dangling_reference"
+    assert finding.url == second.url
+    assert "is not in the store" in finding.detail
+    proc = cli("fsck", store)
+    assert proc.returncode == 1
+    assert any(line.startswith("defect    dangling ref") for line in proc.stdout.splitlines())

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..errors import NotFound, RestorePointError
 from ..format import (
     Codec,
+    Manifest,
     parse_head,
     parse_index,
     read_index,
@@ -22,7 +23,7 @@ from ..format.writer import DeltaPlan
 from ..storage import Location
 from .store import list_store
 
-__all__ = ["FULL_EVERY", "MIN_REUSE", "Planned", "plan_increment"]
+__all__ = ["FULL_EVERY", "MIN_REUSE", "Planned", "plan_from", "plan_increment"]
 
 #: A full restore point at least every FULL_EVERY publishes: a restore point names at most
 #: FULL_EVERY - 1 bases (its base and that one's bases), so a reader opens that many objects.
@@ -42,7 +43,7 @@ class Planned:
     reason: str
 
 
-def plan_increment(  # noqa: PLR0911, PLR0912 - one reason for a full restore point each
+def plan_increment(  # noqa: PLR0911 - one reason for a full restore point each
     store: Location, run: str, chunk_size: int, codec: Codec
 ) -> Planned:
     """The frames of the run's newest restore point that a new one may reference, flattened
@@ -79,7 +80,14 @@ def plan_increment(  # noqa: PLR0911, PLR0912 - one reason for a full restore po
     if bases and reused_bytes(manifest) < MIN_REUSE * manifest.total_size:
         return Planned(None, f"the newest restore point reused less than {MIN_REUSE:.0%}")
     digest = restore_point_digest(manifest.id, prefix.head_sha256, tail.index_sha256)
-    plan_bases = (Base(newest.name, digest), *bases)
+    return Planned(plan_from(newest.name, digest, manifest, codec), f"based on {newest.name}")
+
+
+def plan_from(name: str, digest: str, manifest: Manifest, codec: Codec) -> DeltaPlan:
+    """What a new restore point may reference of ``manifest`` (the restore point named
+    ``name``, of restore point digest ``digest``): every chunk of an entry of the same codec,
+    where its frame lies, flattened."""
+    plan_bases = (Base(name, digest), *(manifest.bases or ()))
     frames: dict[str, tuple[int, int, int]] = {}
     wanted = codec.to_dict()
     for entry in manifest.payload or ():
@@ -98,4 +106,4 @@ def plan_increment(  # noqa: PLR0911, PLR0912 - one reason for a full restore po
             else:
                 frames.setdefault(sha, (0, at, length))
                 at += 4 + length
-    return Planned(DeltaPlan(plan_bases, frames), f"based on {newest.name}")
+    return DeltaPlan(plan_bases, frames)

@@ -8,9 +8,9 @@ published atomically; anything that fails on the way discards it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from ..errors import UsageError, at_url
 from ..format import Entry, NoneCodec, PayloadDecoder, Writer
@@ -127,7 +127,7 @@ def _copy(  # noqa: PLR0913, PLR0917 - the source, what it holds, and where the 
     if any(e.codec.to_dict() != payload[0].codec.to_dict() for e in payload):
         raise UsageError("the entries use different codecs: materialize copies one codec")
     decoder = PayloadDecoder(manifest, stream, threads=threads or default_threads(), bases=bases)
-    events = decoder.events()
+    events = cast(Generator[tuple[Entry, Decoded | None], None, None], decoder.events())
     with out.publish(size_hint=manifest.total_size, create_only=store) as publisher:
         writer = Writer(publisher, head, codec or NoneCodec())
         try:
@@ -147,4 +147,6 @@ def _copy(  # noqa: PLR0913, PLR0917 - the source, what it holds, and where the 
         except BaseException:
             writer.abort()
             raise
+        finally:
+            events.close()  # the decoder's pool, whatever happened
     return written

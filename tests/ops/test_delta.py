@@ -431,3 +431,30 @@ def test_fsck_reports_a_dangling_reference_from_the_index_alone(tmp_path: Path) 
     proc = cli("fsck", store)
     assert proc.returncode == 1
     assert any(line.startswith("defect    dangling ref") for line in proc.stdout.splitlines())
+
+
+def test_a_prune_stopped_after_any_delete_leaves_every_kept_one_verifiable(
+    tmp_path: Path,
+) -> None:
+    """A prune deletes one object at a time, oldest first, and never a base of what it keeps:
+    whichever delete it is killed after (each one prefix of its plan), every restore point it
+    keeps verifies."""
+    store = f"{tmp_path}/store/"
+    frozen = os.urandom(2 * MIB)
+    src = tmp_path / "src"
+    for step in range(1, 7):
+        # A new frozen part at step 4: the newest ones reference steps 1 and 4.
+        if step == 4:
+            frozen = frozen[:MIB] + os.urandom(MIB)
+        _write(src, frozen, step)
+        _publish(src, store, step)
+    plan = prune(store, keep_last=2, dry_run=True)
+    kept = [e for e, _ in plan.runs[0].keep]
+    doomed = plan.runs[0].delete
+    assert {e.step for e in kept} == {1, 4, 5, 6} and {e.step for e in doomed} == {2, 3}
+    for entry in doomed:
+        os.remove(entry.url)
+        for survivor in kept:
+            verify(survivor.url)
+    # The prune run again finishes the job and deletes nothing it keeps.
+    assert prune(store, keep_last=2).deleted == []

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import LimitExceeded, MalformedManifest, UnsupportedFormat
+from ._checks import _int, _is_int, _obj, _str, _str_list, _str_map
 from .codecs import PLANES_FEATURE, Codec, codec_from_dict
 from .delta import DELTA_FEATURE, Base, Chunks, bases_from_list, chunks_from_entry
 from .identity import check_operational_key, config_identity
@@ -600,43 +601,3 @@ def _check_encryption(value: Any) -> None:
             raise MalformedManifest(f"encryption.recipients[{i}].type must be X25519")
         for name in ("ephemeral", "keyid", "wrapped_key"):
             _str(item.get(name), f"encryption.recipients[{i}].{name}")
-
-
-# -- validation helpers ---------------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _obj(value: Any, name: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise MalformedManifest(f"{name} must be an object")
-    return value
-
-
-def _str(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise MalformedManifest(f"{name} must be a string")
-    return value
-
-
-def _int(value: Any, name: str) -> int:
-    if not _is_int(value) or not 0 <= value <= MAX_SAFE_INTEGER:
-        raise MalformedManifest(f"{name} must be an integer from 0 to 2**53-1")
-    assert isinstance(value, int)
-    return value
-
-
-def _str_list(value: Any, name: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise MalformedManifest(f"{name} must be an array of strings")
-    return list(value)
-
-
-def _str_map(value: Any, name: str) -> dict[str, str]:
-    obj = _obj(value, name)
-    for key, item in obj.items():
-        if key == "" or not isinstance(item, str):
-            raise MalformedManifest(f"{name} must map non-empty names to strings")
-    return dict(obj)

@@ -30,6 +30,7 @@ from .fsck import fsck_command
 from .import_ import check_command, import_command
 from .inspect import inspect_command
 from .local_view import local_view_command
+from .materialize import materialize_command
 from .pack import pack_command
 from .run import run_command
 from .slurm import slurm_template_command
@@ -79,6 +80,7 @@ EXAMPLES: dict[str, str] = {
     "latest": "restorepoint latest s3://bucket/store/ --run exp1 --verify",
     "prune": "restorepoint prune s3://bucket/store/ --run exp1 --keep-last 3 --dry-run",
     "fsck": "restorepoint fsck s3://bucket/store/ --read-data",
+    "materialize": "restorepoint materialize s3://bucket/store/ --latest --run exp1 whole.rp",
     "keygen": "restorepoint keygen signer.key --for signing",
     "adapters": "restorepoint adapters --json",
     "run": "restorepoint run --watch aws --auto-resume --store s3://bucket/store/ "
@@ -99,6 +101,7 @@ _VERBS: dict[str, Callable[..., None]] = {
     "latest": latest_command,
     "prune": prune_command,
     "fsck": fsck_command,
+    "materialize": materialize_command,
     "keygen": keygen_command,
     "adapters": adapters_command,
     "run": run_command,

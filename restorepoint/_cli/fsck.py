@@ -16,6 +16,7 @@ EXIT_DEFECTS = 1
 _LABELS = {
     "damaged": "damaged",
     "missing_part": "missing part",
+    "dangling_reference": "dangling ref",
     "orphan_part": "orphan part",
     "leftover": "leftover",
     "upload": "open upload",

@@ -122,6 +122,15 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
         Path | None,
         typer.Option(help="Also write a handoff file (JSON) for `import --expect` elsewhere."),
     ] = None,
+    incremental: Annotated[
+        bool,
+        typer.Option(
+            "--incremental/--full",
+            help="Into a store: reference the chunks the run's newest restore point holds "
+            "instead of uploading them again (format 1.2, delta/1); --full (the default) "
+            "uploads every byte.",
+        ),
+    ] = False,
     deadline: Annotated[
         float | None,
         typer.Option(
@@ -186,6 +195,7 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
             object_sha256=object_sha256,
             sign=tuple(load_signing_key(p) for p in sign or []),
             encrypt_to=tuple(load_public(p, "encryption") for p in encrypt_to or []),
+            incremental=incremental,
         )
         with (
             store_deadline(until) if until is not None else contextlib.nullcontext(),
@@ -201,6 +211,8 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
                 f"packed {plural(result.files, 'file')}, {human_bytes(result.bytes)} -> "
                 f"{human_bytes(result.size)} in {result.seconds:.2f} s"
             )
+            if result.incremental is not None:
+                say(f"reused {human_bytes(result.reused)} ({printable(result.incremental)})")
             say(f"digest {result.digest}")
             if result.sha256 is not None:
                 say(f"sha256 {result.sha256}")

@@ -16,6 +16,7 @@ from .codecs import (
     codec_from_dict,
     register_codec,
 )
+from .delta import DELTA_FEATURE
 from .identity import ConfigDifference, config_identity, diff_configs, identity_view
 from .layout import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION, MAGIC
 from .manifest import (
@@ -33,6 +34,8 @@ from .manifest import (
 )
 from .paths import check_path, check_paths, fold
 from .reader import (
+    BaseRegion,
+    Bases,
     ChunkCipher,
     Head,
     PayloadDecoder,
@@ -51,6 +54,7 @@ from .statement import restore_point_digest, statement
 from .writer import Sink, Writer, Written
 
 __all__ = [
+    "DELTA_FEATURE",
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
     "FORMAT_VERSION",
@@ -59,6 +63,8 @@ __all__ = [
     "MULTIPART_FEATURE",
     "MULTIPART_VERSION",
     "PLANES_FEATURE",
+    "BaseRegion",
+    "Bases",
     "CanonicalizationError",
     "ChunkCipher",
     "Codec",

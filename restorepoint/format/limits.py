@@ -9,6 +9,7 @@ __all__ = [
     "CHUNK_SIZE_MIN",
     "GATE_PREFIX_MAX",
     "MAX_COMPONENT_BYTES",
+    "MAX_DELTA_BASES",
     "MAX_ENTRIES",
     "MAX_HEAD_BYTES",
     "MAX_INDEX_BYTES",
@@ -54,6 +55,9 @@ MAX_METRIC_NAME_BYTES = 64
 #: Every integer of the format is at most 2**53 - 1: the largest that RFC 8785 (I-JSON) and
 #: every JSON reader represent exactly. Sizes, offsets and their sums are checked against it.
 MAX_SAFE_INTEGER = (1 << 53) - 1
+#: Bases one incremental restore point may name (spec section 28): a reader opens at most this
+#: many other objects (head, footer and index each, bounded) to read it.
+MAX_DELTA_BASES = 16
 CHUNK_SIZE_MIN = 1 << 16
 CHUNK_SIZE_MAX = 1 << 26
 #: 4 MiB: large enough that per-chunk overhead vanishes, small enough that a pipeline of a few

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import LimitExceeded, MalformedManifest, UnsupportedFormat
+from ._checks import _int, _is_int, _obj, _str, _str_list, _str_map
 from .codecs import PLANES_FEATURE, Codec, codec_from_dict
+from .delta import DELTA_FEATURE, Base, Chunks, bases_from_list, chunks_from_entry
 from .identity import check_operational_key, config_identity
 from .layout import FORMAT_VERSION
 from .limits import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN, MAX_ENTRIES, MAX_SAFE_INTEGER
@@ -51,7 +53,9 @@ MULTIPART_VERSION = "1.1"
 #: The most ranks one multi-part restore point may have.
 MAX_WORLD_SIZE = 65536
 #: Required features this reader implements.
-KNOWN_FEATURES: frozenset[str] = frozenset({ENCRYPTION_FEATURE, MULTIPART_FEATURE, PLANES_FEATURE})
+KNOWN_FEATURES: frozenset[str] = frozenset(
+    {DELTA_FEATURE, ENCRYPTION_FEATURE, MULTIPART_FEATURE, PLANES_FEATURE}
+)
 _PART_NAME = re.compile(r"^(?:rank-([0-9]{5})|shared)\.rp\Z")
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -122,6 +126,8 @@ class Entry:
     codec: Codec
     offset: int
     stored_size: int
+    #: The chunks' digests, frame lengths and references of a ``delta/1`` object (section 28).
+    delta: Chunks | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -131,6 +137,7 @@ class Entry:
             "sha256": self.sha256,
             "size": self.size,
             "stored_size": self.stored_size,
+            **(self.delta.to_dict() if self.delta is not None else {}),
         }
 
 
@@ -274,6 +281,8 @@ class Manifest:
     #: Named finite numbers for retention by metric (spec 4.3); empty: the member is absent.
     metrics: Mapping[str, int | float] = field(default_factory=dict)
     payload: tuple[Entry, ...] | None = None
+    #: The bases of a ``delta/1`` object's index (section 28); None for every other object.
+    bases: tuple[Base, ...] | None = None
 
     # -- views -------------------------------------------------------------------------------
 
@@ -328,6 +337,7 @@ class Manifest:
             "head_sha256": head_sha256,
             "id": self.id,
             "payload": [e.to_dict() for e in self._need_payload()],
+            **({"bases": [b.to_dict() for b in self.bases]} if self.bases is not None else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -335,6 +345,8 @@ class Manifest:
         out = self.head_dict()
         if self.payload is not None:
             out["payload"] = [e.to_dict() for e in self.payload]
+        if self.bases is not None:
+            out["bases"] = [b.to_dict() for b in self.bases]
         return out
 
     def with_payload(self, payload: Iterable[Entry]) -> Manifest:
@@ -422,6 +434,7 @@ class Manifest:
             )
         if encryption is not None:
             _check_encryption(encryption)
+        _check_delta(obj, features, version)
         parts, part = _multipart(obj, features, version)
         run = obj.get("run", None)
         if run is not None and not RUN_PATTERN.fullmatch(_str(run, "run")):
@@ -475,6 +488,7 @@ class Manifest:
             raise MalformedManifest("index.payload must be an array")
         if len(raw) > MAX_ENTRIES:
             raise LimitExceeded(f"{len(raw)} payload entries; the limit is {MAX_ENTRIES}")
+        delta = DELTA_FEATURE in self.required_features
         entries = []
         for i, item in enumerate(raw):
             e = _obj(item, f"payload[{i}]")
@@ -484,14 +498,20 @@ class Manifest:
             digest = _str(e.get("sha256"), f"payload[{i}].sha256")
             if not _HEX64.fullmatch(digest):
                 raise MalformedManifest(f"payload[{i}].sha256 must be 64 lowercase hex digits")
+            size = _int(e.get("size"), f"payload[{i}].size")
             entries.append(
                 Entry(
                     path=path,
-                    size=_int(e.get("size"), f"payload[{i}].size"),
+                    size=size,
                     sha256=digest,
                     codec=codec_from_dict(e.get("codec")),
                     offset=_int(e.get("offset"), f"payload[{i}].offset"),
                     stored_size=_int(e.get("stored_size"), f"payload[{i}].stored_size"),
+                    delta=(
+                        chunks_from_entry(e, f"payload[{i}]", size, self.chunk_size)
+                        if delta
+                        else None
+                    ),
                 )
             )
         if self.parts is not None and entries:
@@ -503,7 +523,15 @@ class Manifest:
             total += entry.size
             if total > MAX_SAFE_INTEGER:
                 raise LimitExceeded("the payload's total size exceeds 2**53-1")
-        return self.with_payload(entries)
+        if not delta:
+            return self.with_payload(entries)
+        bases = bases_from_list(obj.get("bases"), self.run)
+        used = {r.base for e in entries if e.delta is not None for r in e.delta.refs}
+        if any(b >= len(bases) for b in used) or len(used) != len(bases):
+            raise MalformedManifest(
+                "every reference must name one of index.bases, and every base be referenced"
+            )
+        return replace(self, payload=tuple(entries), bases=bases)
 
 
 def _multipart(
@@ -529,6 +557,21 @@ def _multipart(
     if has_parts:
         return Parts.from_dict(obj["parts"]), None
     return None, PartOf.from_dict(obj["part"])
+
+
+def _check_delta(obj: dict[str, Any], features: list[str], version: str) -> None:
+    """``delta/1`` (section 28): from format 1.2, in an object of a run, and for now neither
+    encrypted nor a multi-part object (their chunks are bound to their own object)."""
+    if DELTA_FEATURE not in features:
+        return
+    if tuple(int(n) for n in version.split(".")) < (1, 2):
+        raise MalformedManifest(f"{DELTA_FEATURE!r} needs format_version 1.2 or later")
+    if ENCRYPTION_FEATURE in features or MULTIPART_FEATURE in features:
+        raise MalformedManifest(
+            f"{DELTA_FEATURE!r} goes with neither {ENCRYPTION_FEATURE!r} nor {MULTIPART_FEATURE!r}"
+        )
+    if obj.get("run") is None:
+        raise MalformedManifest(f"{DELTA_FEATURE!r} needs a run: bases are of the same run")
 
 
 def _check_codec_features(entries: Iterable[Entry], features: tuple[str, ...]) -> None:
@@ -558,43 +601,3 @@ def _check_encryption(value: Any) -> None:
             raise MalformedManifest(f"encryption.recipients[{i}].type must be X25519")
         for name in ("ephemeral", "keyid", "wrapped_key"):
             _str(item.get(name), f"encryption.recipients[{i}].{name}")
-
-
-# -- validation helpers ---------------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _obj(value: Any, name: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise MalformedManifest(f"{name} must be an object")
-    return value
-
-
-def _str(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise MalformedManifest(f"{name} must be a string")
-    return value
-
-
-def _int(value: Any, name: str) -> int:
-    if not _is_int(value) or not 0 <= value <= MAX_SAFE_INTEGER:
-        raise MalformedManifest(f"{name} must be an integer from 0 to 2**53-1")
-    assert isinstance(value, int)
-    return value
-
-
-def _str_list(value: Any, name: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise MalformedManifest(f"{name} must be an array of strings")
-    return list(value)
-
-
-def _str_map(value: Any, name: str) -> dict[str, str]:
-    obj = _obj(value, name)
-    for key, item in obj.items():
-        if key == "" or not isinstance(item, str):
-            raise MalformedManifest(f"{name} must map non-empty names to strings")
-    return dict(obj)

@@ -22,6 +22,7 @@ from ..errors import (
     DecryptionError,
     DigestMismatch,
     FramingError,
+    IntegrityError,
     LimitExceeded,
     MalformedManifest,
     NotARestorePoint,
@@ -33,11 +34,14 @@ from ..errors import (
 from ._json import strict_loads
 from ._pipeline import Budget, HashLane, Ticket
 from .codecs import Decoded
+from .delta import Base, Ref, chunk_lengths
 from .layout import CHUNK_HEADER, DIGEST_SIZE, END_MAGIC, FOOTER, FORMAT_MAJOR, MAGIC, PREAMBLE
 from .limits import GATE_PREFIX_MAX, MAX_HEAD_BYTES, MAX_INDEX_BYTES, MAX_SIGNATURE_BYTES
 from .manifest import Entry, Manifest
 
 __all__ = [
+    "BaseRegion",
+    "Bases",
     "ChunkCipher",
     "Head",
     "PayloadDecoder",
@@ -82,6 +86,26 @@ class RangeSource(Protocol):
     def size(self) -> int: ...
 
     def read_range(self, start: int, end: int) -> bytes: ...
+
+
+class BaseRegion(Protocol):
+    """A base of an incremental restore point, opened and checked by the caller (section 28,
+    R9a: its restore point digest is the one named, it is of the same run and not the object
+    itself): where its data region lies, and its byte ranges."""
+
+    @property
+    def data_start(self) -> int: ...
+
+    @property
+    def index_offset(self) -> int: ...
+
+    def read_range(self, start: int, end: int) -> bytes: ...
+
+
+class Bases(Protocol):
+    """Opens the bases an incremental restore point names (the caller knows the store)."""
+
+    def open(self, base: Base) -> BaseRegion: ...
 
 
 @dataclass(frozen=True)
@@ -310,6 +334,10 @@ def _check_layout(manifest: Manifest, data_start: int, index_offset: int) -> Non
                 expected=expected_offset,
                 found=entry.offset,
             )
+        if entry.delta is not None:
+            _check_delta_layout(entry, manifest.chunk_size)
+            expected_offset += entry.stored_size
+            continue
         n = chunk_count(entry.size, manifest.chunk_size)
         last = entry.size - (n - 1) * manifest.chunk_size if n else 0
         lowest = n * CHUNK_HEADER.size
@@ -332,6 +360,90 @@ def _check_layout(manifest: Manifest, data_start: int, index_offset: int) -> Non
         )
 
 
+def _check_delta_layout(entry: Entry, chunk_size: int) -> None:
+    """R8 for a ``delta/1`` entry (section 28): every frame length within the codec's bound,
+    each reference's length exactly that of its frames, and the stored size exactly that of
+    the frames not referenced."""
+    delta = entry.delta
+    assert delta is not None
+    lengths = chunk_lengths(entry.size, chunk_size, delta.cuts)
+    referenced = [False] * len(lengths)
+    for ref in delta.refs:
+        total = 0
+        for i in range(ref.first, ref.first + ref.count):
+            referenced[i] = True
+            total += CHUNK_HEADER.size + delta.frame_length(i)
+        if total != ref.length:
+            raise FramingError(
+                f"reference to chunks {ref.first}..{ref.first + ref.count - 1} is "
+                f"{ref.length} bytes long; their frames are {total}",
+                member=entry.path,
+            )
+    stored = 0
+    for i, plain in enumerate(lengths):
+        length = delta.frame_length(i)
+        if length > entry.codec.max_stored(plain):
+            raise FramingError(
+                f"chunk {i} declares {length} stored bytes, more than possible",
+                member=entry.path,
+            )
+        if not referenced[i]:
+            stored += CHUNK_HEADER.size + length
+    if stored != entry.stored_size:
+        raise FramingError(
+            f"stored size {entry.stored_size} differs from that of the frames stored here "
+            f"({stored})",
+            member=entry.path,
+        )
+
+
+class _BaseFrames:
+    """The referenced frames of an incremental restore point, read frame by frame with
+    ranged reads of its bases (bounded: one frame at a time), each base opened once."""
+
+    def __init__(self, manifest: Manifest, bases: Bases | None) -> None:
+        self.manifest = manifest
+        self.bases = bases
+        self._open: dict[int, BaseRegion] = {}
+
+    def region(self, entry: Entry, ref: Ref) -> tuple[BaseRegion, Base]:
+        assert self.manifest.bases is not None
+        base = self.manifest.bases[ref.base]
+        region = self._open.get(ref.base)
+        if region is None:
+            if self.bases is None:
+                raise IntegrityError(
+                    f"chunks are in base {base.name}, which only a store can resolve",
+                    member=entry.path,
+                )
+            region = self.bases.open(base)
+            self._open[ref.base] = region
+        if ref.offset < region.data_start or ref.offset + ref.length > region.index_offset:
+            raise FramingError(
+                f"a reference to bytes {ref.offset}..{ref.offset + ref.length} of base "
+                f"{base.name} lies outside its data region "
+                f"({region.data_start}..{region.index_offset})",
+                member=entry.path,
+            )
+        return region, base
+
+    def frame(self, entry: Entry, ref: Ref, at: int, length: int) -> bytes:
+        region, base = self.region(entry, ref)
+        data = region.read_range(at, at + CHUNK_HEADER.size + length)
+        if len(data) != CHUNK_HEADER.size + length:
+            raise TruncatedRestorePoint(
+                f"base {base.name} ends inside a referenced frame", member=entry.path
+            )
+        (found,) = CHUNK_HEADER.unpack_from(data)
+        if found != length:
+            raise FramingError(
+                f"the frame at byte {at} of base {base.name} is {found} bytes, "
+                f"the reference says {length}",
+                member=entry.path,
+            )
+        return data[CHUNK_HEADER.size :]
+
+
 class PayloadDecoder:
     """Decode the payload frames of a checked manifest from a sequential stream that starts at
     the first entry's offset. ``events()`` yields ``(entry, plain_chunk)`` for each chunk, in
@@ -347,8 +459,10 @@ class PayloadDecoder:
         *,
         threads: int = 2,
         cipher: ChunkCipher | None = None,
+        bases: Bases | None = None,
     ) -> None:
         assert manifest.payload is not None
+        self._frames = _BaseFrames(manifest, bases)
         if manifest.encryption is not None and cipher is None:
             raise DecryptionError("the payload is encrypted: a key is needed to read it")
         self.cipher = cipher
@@ -383,6 +497,9 @@ class PayloadDecoder:
         inflight: deque[_InFlight] = deque()
         try:
             for position, entry in enumerate(self.manifest.payload):
+                if entry.delta is not None:
+                    yield from self._delta_entry(entry, pool, budget, inflight)
+                    continue
                 n = chunk_count(entry.size, chunk_size)
                 lane = HashLane(n)
                 left_plain = entry.size
@@ -426,6 +543,61 @@ class PayloadDecoder:
         finally:
             self._failed = True
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def _delta_entry(
+        self,
+        entry: Entry,
+        pool: ThreadPoolExecutor,
+        budget: Budget,
+        inflight: deque[_InFlight],
+    ) -> Iterator[tuple[Entry, Decoded | None]]:
+        """A ``delta/1`` entry (section 28, R9a): each chunk's frame from this object's stream
+        or, referenced, from its base; each frame exactly the length the index records; each
+        chunk checked against its own sha256 as well as the file's."""
+        delta = entry.delta
+        assert delta is not None
+        lengths = chunk_lengths(entry.size, self.manifest.chunk_size, delta.cuts)
+        referenced = delta.referenced()
+        lane = HashLane(len(lengths))
+        for i, plain in enumerate(lengths):
+            length = delta.frame_length(i)
+            while inflight and not budget.has_room(plain):
+                yield from self._settle(inflight.popleft())
+            ticket = budget.acquire(plain, self._check)
+            if i in referenced:
+                ref, at = referenced[i]
+                stored = self._frames.frame(entry, ref, at, length)
+            else:
+                (found,) = CHUNK_HEADER.unpack(self._read(CHUNK_HEADER.size, entry))
+                if found != length:
+                    raise FramingError(
+                        f"chunk {i} declares {found} stored bytes, the index {length}",
+                        member=entry.path,
+                        offset=self.position - CHUNK_HEADER.size,
+                    )
+                stored = self._read(length, entry)
+            task = pool.submit(self._decode_chunk, entry, lane, i, stored, plain, ticket)
+            inflight.append(_InFlight(entry, lane, task, i, ticket))
+        inflight.append(_InFlight(entry, lane, None, len(lengths), None))
+
+    def _decode_chunk(  # noqa: PLR0913, PLR0917 - the state of one chunk in flight
+        self, entry: Entry, lane: HashLane, index: int, stored: bytes, plain: int, ticket: Ticket
+    ) -> Decoded:
+        """On a pool thread: decode a ``delta/1`` chunk, check its own sha256, then feed it
+        to its file's."""
+        assert entry.delta is not None
+        data = entry.codec.decode(stored, plain)
+        found = hashlib.sha256(data).hexdigest()
+        expected = entry.delta.chunk_sha256(index)
+        if found != expected:
+            where = ""
+            for ref in entry.delta.refs:
+                if ref.first <= index < ref.first + ref.count:
+                    assert self.manifest.bases is not None
+                    where = f" (from base {self.manifest.bases[ref.base].name})"
+            raise DigestMismatch(f"digest differs{where}", expected=expected, found=found)
+        lane.feed(index, data, ticket)
+        return data
 
     def _decode(  # noqa: PLR0913, PLR0917 - the state of one chunk in flight, from the hot loop
         self,

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import BinaryIO, Protocol
 
 from ..errors import IntegrityError, SourceError
@@ -27,6 +27,7 @@ from ._json import canonical_dumps, strict_loads
 from ._pipeline import Budget, HashLane, Ticket
 from .adaptive import Choices, CodecChooser
 from .codecs import Codec, NoneCodec, PlanesCodec, encode_raw_parts
+from .delta import DELTA_FEATURE, Base, Chunks, Ref, chunk_lengths, pack_cuts
 from .layout import CHUNK_HEADER, END_MAGIC, FOOTER, MAGIC, PREAMBLE
 from .limits import (
     MAX_ENTRIES,
@@ -40,7 +41,7 @@ from .paths import check_path
 from .reader import ChunkCipher
 from .statement import restore_point_digest
 
-__all__ = ["Sink", "Writer", "Written"]
+__all__ = ["DeltaPlan", "Sink", "Writer", "Written"]
 
 #: Chunks in flight at most, whatever their size: many small files hash side by side, and the
 #: futures of a payload of tiny files stay few.
@@ -53,6 +54,17 @@ class Sink(Protocol):
     def write(self, data: bytes, /) -> object: ...
 
 
+@dataclass(frozen=True)
+class DeltaPlan:
+    """What an incremental writer may reference (section 28, W4c): the bases, and for each
+    chunk sha256 found in them where its frame lies: (base number, offset, stored length).
+    Made by the caller from the newest restore point's index, with its frames flattened (a
+    frame the newest one references is named where it lies, in that one's base)."""
+
+    bases: tuple[Base, ...] = ()
+    frames: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+
 @dataclass
 class _Pending:
     path: str
@@ -60,6 +72,20 @@ class _Pending:
     lane: HashLane
     offset: int = -1
     stored: int = 0
+    cuts: str | None = None
+    shas: list[str] = field(default_factory=list)
+    frames: list[int] = field(default_factory=list)
+    refs: list[list[int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A chunk as the pool made it: its stored pieces, or (incremental) where its frame
+    already lies; its sha256 when the object names its chunks."""
+
+    parts: list[bytes]
+    sha256: str | None = None
+    reuse: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +100,7 @@ class _Chunk:
     """A chunk of ``pending``'s file, being encoded by the pool: written in queue order."""
 
     pending: _Pending
-    future: Future[list[bytes]]
+    future: Future[_Encoded]
     ticket: Ticket
 
 
@@ -119,6 +145,9 @@ class Writer:
     #: Chooses each chunk's mode, probe or raw, from what compression and the store cost
     #: (codec planes only: spec section 13, W4b); None: every chunk is probed.
     chooser: CodecChooser | None = None
+    #: What an incremental object may reference (its head lists ``delta/1``); with the
+    #: feature and no plan, every chunk is stored and named (the object can serve as a base).
+    delta: DeltaPlan | None = None
 
     def __post_init__(self) -> None:
         if (self.cipher is None) != (self.head.encryption is None):
@@ -131,6 +160,12 @@ class Writer:
             raise ValueError(f"codec {self.codec.name} needs the required feature {feature}")
         if self.chooser is not None and not isinstance(self.codec, PlanesCodec):
             raise ValueError("the adaptive chooser needs codec planes (a mode per chunk)")
+        self._named = DELTA_FEATURE in self.head.required_features
+        if self.delta is not None and not self._named:
+            raise ValueError(f"an incremental writer needs the required feature {DELTA_FEATURE}")
+        if self._named and self.cipher is not None:
+            raise ValueError(f"{DELTA_FEATURE} goes without encryption")
+        self._used: dict[int, int] = {}
         self._object_hash = hashlib.sha256() if self.object_sha256 else None
         # The object's sha256 runs on a thread of its own, beside the writes.
         self._hasher = (
@@ -174,8 +209,10 @@ class Writer:
         self._thread = threading.Thread(target=self._drain, name="rp-write", daemon=True)
         self._thread.start()
 
-    def add(self, path: str, source: BinaryIO, size: int) -> None:
-        """Step 4: one payload file, read exactly once, ``size`` bytes (its size when listed)."""
+    def add(self, path: str, source: BinaryIO, size: int, cuts: list[int] | None = None) -> None:
+        """Step 4: one payload file, read exactly once, ``size`` bytes (its size when listed).
+        ``cuts``: where chunks 1..n-1 start (a ``delta/1`` object only; section 28), at most
+        ``chunk_size`` apart; None: fixed chunks."""
         check_path(path)
         if self._paths and path.encode() <= self._paths[-1].encode():
             raise SourceError(f"payload paths must be added in sorted order: {path!r}")
@@ -185,25 +222,25 @@ class Writer:
             raise SourceError(f"more payload files than the {self.entries} announced")
         assert self._pool is not None, "begin() first"
         position = len(self._paths)
-        n_chunks = -(-size // self.head.chunk_size)
+        packed = pack_cuts(cuts) if cuts else None
+        if packed is not None and not self._named:
+            raise ValueError(f"cuts need the required feature {DELTA_FEATURE}")
+        lengths = chunk_lengths(size, self.head.chunk_size, packed)
+        if any(not 0 < n <= self.head.chunk_size for n in lengths):
+            raise SourceError(f"{path}: cuts must lie inside the file, at most chunk_size apart")
+        n_chunks = len(lengths)
         self._paths.append(path)
-        pending = _Pending(path, size, HashLane(n_chunks))
+        pending = _Pending(path, size, HashLane(n_chunks), cuts=packed)
         self._pending.append(pending)
         self._put(_Begin(pending))
-        chunk_size = self.head.chunk_size
-        left = size
-        index = 0
-        while left > 0:
-            want = min(chunk_size, left)
+        for index, want in enumerate(lengths):
             ticket = self._budget.acquire(want, self._check)
             chunk = _read_exactly(source, want)
             if len(chunk) != want:
                 raise SourceError(f"{path}: file shrank while it was packed")
-            left -= want
             future = self._pool.submit(
                 self._chunk, pending, position, index, index == n_chunks - 1, chunk, ticket
             )
-            index += 1
             self._put(_Chunk(pending, future, ticket))
             if self.progress is not None:
                 self.progress(want)
@@ -212,10 +249,21 @@ class Writer:
 
     def _chunk(  # noqa: PLR0913, PLR0917 - the state of one chunk in flight, from the hot loop
         self, pending: _Pending, position: int, index: int, last: bool, chunk: bytes, ticket: Ticket
-    ) -> list[bytes]:
+    ) -> _Encoded:
         """On a pool thread: the chunk into its file's sha256 (in order), then encoded, as
-        pieces of its stored bytes when the codec makes them and nothing seals them."""
+        pieces of its stored bytes when the codec makes them and nothing seals them; in a
+        ``delta/1`` object also its own sha256, and a frame of the plan's that holds it."""
+        sha = hashlib.sha256(chunk).hexdigest() if self._named else None
         pending.lane.feed(index, chunk, ticket)
+        if sha is not None and self.delta is not None:
+            reuse = self.delta.frames.get(sha)
+            if reuse is not None:
+                return _Encoded([], sha, reuse)
+        return _Encoded(self._encode(pending, position, index, last, chunk), sha)
+
+    def _encode(
+        self, pending: _Pending, position: int, index: int, last: bool, chunk: bytes
+    ) -> list[bytes]:
         if self.chooser is not None:
             pieces = self._choose(chunk)
             if self.cipher is None:
@@ -258,10 +306,15 @@ class Writer:
                 codec=self.codec,
                 offset=p.offset,
                 stored_size=p.stored,
+                delta=self._chunks(p),
             )
             for p in self._pending
         ]
         manifest = self.head.with_payload(entries)
+        if self._named:
+            # Only the bases referenced, numbered in the plan's order.
+            plan = self.delta or DeltaPlan()
+            manifest = replace(manifest, bases=tuple(plan.bases[b] for b in sorted(self._used)))
         index = canonical_dumps(manifest.index_dict(self._head_sha256))
         if len(index) > MAX_INDEX_BYTES:
             raise SourceError(f"the index is {len(index)} bytes; the limit is {MAX_INDEX_BYTES}")
@@ -301,6 +354,17 @@ class Writer:
             self._stop(raise_error=False)
 
     # -- internals -------------------------------------------------------------------------
+
+    def _chunks(self, pending: _Pending) -> Chunks | None:
+        if not self._named:
+            return None
+        number = {b: i for i, b in enumerate(sorted(self._used))}
+        return Chunks(
+            "".join(pending.shas),
+            "".join(f"{n:08x}" for n in pending.frames),
+            pending.cuts,
+            tuple(Ref(r[0], r[1], number[r[2]], r[3], r[4]) for r in pending.refs),
+        )
 
     def _emit(self, data: bytes) -> None:
         if self._hasher is not None:
@@ -347,8 +411,18 @@ class Writer:
                 if isinstance(item, _Begin):
                     item.pending.offset = self._position
                     continue
-                parts = item.future.result()
+                encoded = item.future.result()
+                pending = item.pending
+                if encoded.sha256 is not None:
+                    pending.shas.append(encoded.sha256)
+                if encoded.reuse is not None:
+                    self._reuse(pending, encoded.reuse)
+                    item.ticket.done()
+                    continue
+                parts = encoded.parts
                 length = sum(len(part) for part in parts)
+                if encoded.sha256 is not None:
+                    pending.frames.append(length)
                 started = time.perf_counter()
                 self._emit(CHUNK_HEADER.pack(length))
                 for part in parts:
@@ -359,6 +433,25 @@ class Writer:
                 item.ticket.done()
         except BaseException as exc:
             self._error = exc
+
+    def _reuse(self, pending: _Pending, where: tuple[int, int, int]) -> None:
+        """A chunk whose frame lies in a base: a reference, joined to the run before it
+        when it is the next frame of the same base."""
+        base, offset, length = where
+        index = len(pending.frames)
+        pending.frames.append(length)
+        self._used[base] = self._used.get(base, 0) + 1
+        last = pending.refs[-1] if pending.refs else None
+        if (
+            last is not None
+            and last[0] + last[1] == index
+            and last[2] == base
+            and last[3] + last[4] == offset
+        ):
+            last[1] += 1
+            last[4] += CHUNK_HEADER.size + length
+        else:
+            pending.refs.append([index, 1, base, offset, CHUNK_HEADER.size + length])
 
     def _stop(self, raise_error: bool = True) -> None:
         if self._thread is not None and self._thread.ident is None:

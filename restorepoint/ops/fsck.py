@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import IntegrityError, NotFound, at_url
 from ..storage import Location, ObjectInfo, parse_partial
+from ._delta import bases_of
 from ._multipart import PARTS_SUFFIX, parts_prefix
 from ._naming import NAME_PATTERN, RUN_PATTERN
 from ._open import NO_TRUST, Trust
@@ -38,7 +40,15 @@ from .verify import verify
 __all__ = ["KINDS", "Finding", "FsckReport", "fsck"]
 
 #: What fsck finds, in the order it reports them.
-KINDS = ("damaged", "missing_part", "orphan_part", "leftover", "upload", "stray")
+KINDS = (
+    "damaged",
+    "missing_part",
+    "dangling_reference",
+    "orphan_part",
+    "leftover",
+    "upload",
+    "stray",
+)
 
 
 @dataclass(frozen=True)
@@ -228,7 +238,7 @@ def _check_group(  # noqa: PLR0913, PLR0917 - one run's listing, and what the ch
                 )
             )
     for name in sorted(commits):
-        _check_restore_point(location, name, parts.get(name, []), report, trust)
+        _check_restore_point(location, name, parts.get(name, []), report, trust, commits)
 
 
 def _pending_or_not(finding: Finding, removable: bool) -> Finding:
@@ -284,15 +294,33 @@ def _is_partial(name: str) -> bool:
     return parse_partial(name.rsplit("/", 1)[-1]) is not None
 
 
-def _check_restore_point(
-    location: Location, name: str, parts: list[str], report: FsckReport, trust: Trust
+def _check_restore_point(  # noqa: PLR0913, PLR0917 - one restore point, and its run's listing
+    location: Location,
+    name: str,
+    parts: list[str],
+    report: FsckReport,
+    trust: Trust,
+    listed: AbstractSet[str] = frozenset(),
 ) -> None:
     """Verify one restore point (and its parts) as the report asks; record what fails.
-    ``parts``: the objects listed under its parts prefix."""
+    ``parts``: the objects listed under its parts prefix; ``listed``: the restore points of
+    its run in the listing, where every base it references must be (spec 28.5)."""
     entry = _parse(ObjectInfo(name, location.join(name).url, 0, None))
     assert entry is not None
     where = location.join(name)
     report.restore_points += 1
+    dangling = [b for b in bases_of(where) if b not in listed]
+    if dangling:
+        report.findings.append(
+            Finding(
+                "dangling_reference",
+                name,
+                where.url,
+                f"its base {dangling[0]} is not in the store",
+                error="IntegrityError",
+            )
+        )
+        return
     try:
         checked = verify(
             where, trust=trust, payload=report.read_data, part_payloads=report.read_data

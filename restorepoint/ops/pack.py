@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -29,10 +29,13 @@ from ..format import (
     ZstdCodec,
 )
 from ..format.adaptive import Choices, CodecChooser
+from ..format.delta import DELTA_FEATURE, DELTA_VERSION, reused_bytes
 from ..format.limits import CHUNK_SIZE_DEFAULT
 from ..format.manifest import ENCRYPTION_FEATURE
+from ..format.writer import DeltaPlan
 from ..storage import Location, deadline_left, resolve
 from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
+from ._cuts import cuts_for
 from ._naming import entry_name, is_store_url
 from ._source import SourceFile, list_source
 from .spec import (
@@ -44,6 +47,9 @@ from .spec import (
     default_run,
     describe,
 )
+
+if TYPE_CHECKING:
+    from ._increment import Planned
 
 __all__ = [
     "CODECS",
@@ -76,6 +82,10 @@ class PackResult:
     sha256: str | None = None
     #: What the adaptive chooser chose chunk by chunk (``PackOptions(adaptive=...)``).
     choices: Choices | None = None
+    #: Incremental (``PackOptions(incremental=True)``): plain bytes referenced in bases rather
+    #: than stored, and why (the base, or why the restore point is a full one).
+    reused: int = 0
+    incremental: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -92,6 +102,8 @@ class PackResult:
         }
         if self.choices is not None:
             out["codec_choices"] = self.choices.to_dict()
+        if self.incremental is not None:
+            out["incremental"] = {"reason": self.incremental, "reused": self.reused}
         return out
 
 
@@ -240,6 +252,9 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
 
     store = is_store_url(dest) if into_store is None else into_store
     location = resolve(dest, options.storage_options)
+    planned = None
+    if options.incremental:
+        head, planned = _incremental(head, location, chosen, store=store, encrypted=cipher)
     if store:
         location = location.join(entry_name(head))
     with at_url(location.url):
@@ -256,6 +271,7 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
             signer=signer,
             object_sha256=options.object_sha256,
             chooser=_chooser(options, chosen, total),
+            delta=planned.plan if planned is not None else None,
         )
     return PackResult(
         url=location.url,
@@ -268,7 +284,32 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
         manifest=written.manifest,
         sha256=written.object_sha256,
         choices=written.choices,
+        reused=reused_bytes(written.manifest) if planned is not None else 0,
+        incremental=planned.reason if planned is not None else None,
     )
+
+
+def _incremental(
+    head: Manifest, location: Location, codec: Codec, *, store: bool, encrypted: object
+) -> tuple[Manifest, Planned]:
+    """The head of an incremental restore point (format 1.2, ``delta/1``) and what it may
+    reference of the run's newest restore point in the store (spec section 28.4)."""
+    from ._increment import plan_increment
+
+    if not store:
+        raise UsageError("an incremental restore point goes into a store (a DEST ending in /)")
+    if encrypted is not None:
+        raise UsageError("an incremental restore point cannot be encrypted (yet)")
+    if head.parts is not None or head.part is not None:
+        raise UsageError("a multi-part restore point cannot be incremental (yet)")
+    head = replace(
+        head,
+        format_version=DELTA_VERSION,
+        required_features=tuple(sorted({*head.required_features, DELTA_FEATURE})),
+    )
+    entry_name(head)  # a run is needed
+    assert head.run is not None
+    return head, plan_increment(location, head.run, head.chunk_size, codec)
 
 
 def _chooser(options: PackOptions, codec: Codec, total: int) -> CodecChooser | None:
@@ -300,8 +341,10 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
     signer: Callable[[str, str], bytes] | None = None,
     object_sha256: bool = False,
     chooser: CodecChooser | None = None,
+    delta: DeltaPlan | None = None,
 ) -> Written:
     """Writer steps 1-6 into an atomic publisher; the commit is the last step."""
+    named = DELTA_FEATURE in head.required_features
     with location.publish(size_hint=total, create_only=create_only) as publisher:
         writer = Writer(
             publisher,
@@ -314,11 +357,14 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
             signer=signer,
             object_sha256=object_sha256,
             chooser=chooser,
+            delta=delta,
         )
         try:
             writer.begin()
             for item in files:
-                _add(writer, item.path, item.location, item.size)
+                # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
+                cuts = cuts_for(item.location, item.size, head.chunk_size) if named else None
+                _add(writer, item.path, item.location, item.size, cuts)
             written = writer.finish()
         except BaseException:
             writer.abort()
@@ -326,7 +372,9 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
     return written
 
 
-def _add(writer: Writer, path: str, location: str, size: int) -> None:
+def _add(
+    writer: Writer, path: str, location: str, size: int, cuts: list[int] | None = None
+) -> None:
     """One source file into the writer; its read errors are the source's, not the store's."""
     try:
         stream = open(location, "rb", buffering=0)  # noqa: SIM115
@@ -335,6 +383,6 @@ def _add(writer: Writer, path: str, location: str, size: int) -> None:
     with stream:
         try:
             with at_url(location):
-                writer.add(path, stream, size)
+                writer.add(path, stream, size, cuts)
         except OSError as exc:
             raise SourceError(f"cannot read ({exc.strerror})", url=location) from None

@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import RestorePointError, UsageError
+from ..errors import IntegrityError, RestorePointError, UsageError
 from ..format import Manifest
-from ..storage import resolve
+from ..storage import Location, resolve
 from ._naming import entry_name, is_store_url
 from .handoff import handoff_document, write_handoff
 from .pack import PackResult, pack_spec
 from .spec import HeadSpec, PackOptions
 from .store import KeepBest, PruneReport, _store, prune
+from .verify import verify
 
 __all__ = ["HeadSpec", "PackOptions", "PublishResult", "publish"]
 
@@ -105,6 +106,8 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
         progress=progress,
         on_start=on_start,
     )
+    if result.manifest.bases:
+        result = _verified_or_full(result, source, location, head, options, include)
     # Everything about the published restore point is out before pruning starts: a prune
     # that fails must not hide what was published.
     if handoff is not None:
@@ -125,3 +128,30 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     except RestorePointError as exc:
         return PublishResult(result, prune_error=exc)
     return PublishResult(result, report)
+
+
+def _verified_or_full(  # noqa: PLR0913, PLR0917 - the publish's source, store, head and options
+    result: PackResult,
+    source: str | os.PathLike[str],
+    location: Location,
+    head: HeadSpec,
+    options: PackOptions,
+    include: Sequence[str] | None,
+) -> PackResult:
+    """An incremental restore point is verified through its references before anything is
+    handed off (spec section 28.4): a base that changed or vanished since its index was read
+    (a concurrent prune, a corrupted store) makes it unsound, and a full restore point is
+    published in its place. The unsound one is newer than nothing that verifies, so the next
+    prune removes it."""
+    try:
+        verify(result.url, storage_options=options.storage_options)
+    except IntegrityError:
+        return pack_spec(
+            source,
+            location,
+            head,
+            replace(options, incremental=False),
+            into_store=True,
+            include=include,
+        )
+    return result

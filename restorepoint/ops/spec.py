@@ -293,6 +293,9 @@ class PackOptions:
     #: stop, a reclaim notice: ResumableRun's), every chunk probed otherwise.
     adaptive: str = "off"
     deadline_margin: float = 1.0
+    #: An incremental restore point (spec section 28): into a store, the chunks that the run's
+    #: newest restore point there holds are referenced, not uploaded again. Off: a full one.
+    incremental: bool = False
 
     def __post_init__(self) -> None:
         check_chunk_size(self.chunk_size)

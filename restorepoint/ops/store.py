@@ -26,6 +26,7 @@ from ..errors import IntegrityError, NotFound, UsageError, at_url
 from ..format import Manifest
 from ..format.metrics import METRIC_NAME
 from ..storage import Location, ObjectInfo, is_partial_name, parse_partial, resolve
+from ._delta import keep_bases
 from ._multipart import PARTS_SUFFIX, parts_prefix
 from ._naming import NAME_PATTERN as _NAME
 from ._naming import RUN_PATTERN as _RUN
@@ -387,6 +388,7 @@ def _plan_run(  # noqa: PLR0912, PLR0913 - one run's retention rules, each a bra
             reasons[entry.name].append("just published")
         if entry.name in resumed:
             reasons[entry.name].append("resumed from by a live run")
+    keep_bases(location, entries, reasons)
     for entry in entries:
         if reasons[entry.name]:
             plan.keep.append((entry, reasons[entry.name]))

@@ -36,6 +36,7 @@ from ..errors import (
     at_url,
 )
 from ..format import (
+    Bases,
     ChunkCipher,
     Manifest,
     PayloadDecoder,
@@ -53,6 +54,7 @@ from ..storage import (
     this_host,
     translate,
 )
+from ._delta import bases_for
 from ._multipart import check_part, check_part_paths, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_head, open_manifest
 from .gate import (
@@ -70,7 +72,8 @@ __all__ = ["ImportResult", "import_restore_point"]
 
 #: What an import unpacks: a manifest, the reader of its object, where its payload starts, and
 #: the cipher that opens it (one object's, or each of a commit's parts).
-_Source = tuple[Manifest, Any, int, ChunkCipher | None]
+#: A manifest, its reader, its data start, its cipher, and (incremental) its bases.
+_Source = tuple[Manifest, Any, int, ChunkCipher | None, Bases | None]
 #: A leftover whose writer may still be alive on another host is removed only when this old.
 STALE_AFTER_S = 24 * 3600
 
@@ -162,7 +165,10 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
             assert manifest is not None
             readers = [reader]
             try:
-                sources: list[_Source] = [(manifest, reader, head.data_start, opened.cipher)]
+                bases = bases_for(location, manifest)
+                if bases is not None:
+                    readers.append(bases)  # type: ignore[arg-type] # closed alike
+                sources: list[_Source] = [(manifest, reader, head.data_start, opened.cipher, bases)]
                 if manifest.parts is not None:
                     # On another world size (a reshardable state) a rank needs every part.
                     whole = world_size not in (None, manifest.parts.world_size)
@@ -272,7 +278,7 @@ def _open_parts(
                 opened.manifest.id, opened.head.head_sha256, opened.tail.index_sha256
             )
             check_part(commit, ref, opened.manifest, digest=digest, size=reader.size, url=where.url)
-        sources.append((opened.manifest, reader, opened.head.data_start, opened.cipher))
+        sources.append((opened.manifest, reader, opened.head.data_start, opened.cipher, None))
     check_part_paths(m for m, *_ in sources)
     return sources
 
@@ -423,10 +429,10 @@ def _unpack(
             os.chmod(staging, 0o700)
             tree = _Tree(staging)
             try:
-                for manifest, reader, data_start, cipher in sources:
+                for manifest, reader, data_start, cipher, bases in sources:
                     stream = reader.open_stream(data_start)
                     try:
-                        _write_files(manifest, stream, tree, threads, progress, cipher)
+                        _write_files(manifest, stream, tree, threads, progress, cipher, bases)
                     finally:
                         stream.close()
                 # Before the fsyncs, so that DEST's mode is as durable as its entries.
@@ -450,9 +456,12 @@ def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_re
     threads: int | None,
     progress: Callable[[int], None] | None,
     cipher: ChunkCipher | None,
+    bases: Bases | None = None,
 ) -> None:
     assert manifest.payload is not None
-    decoder = PayloadDecoder(manifest, stream, threads=threads or default_threads(), cipher=cipher)
+    decoder = PayloadDecoder(
+        manifest, stream, threads=threads or default_threads(), cipher=cipher, bases=bases
+    )
     fd = -1
     current = None
     try:

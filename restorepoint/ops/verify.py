@@ -15,6 +15,7 @@ from ..errors import NotFound, at_url
 from ..format import Head, Manifest, PayloadDecoder, read_head, restore_point_digest
 from ..format import read_manifest as format_read_manifest
 from ..storage import Location, resolve
+from ._delta import bases_for
 from ._multipart import check_part, check_part_paths, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_manifest
 from .pack import default_threads
@@ -163,7 +164,7 @@ def _verify_object(  # noqa: PLR0913, PLR0917 - reader steps R1-R10, from _verif
             on_start(manifest.total_size)
         # Without the payload: up to the index (a part whose bytes its own rank verified).
         checked = (
-            _check_payload(reader, head, manifest, opened.cipher, threads, progress)
+            _check_payload(reader, head, manifest, opened.cipher, threads, progress, location)
             if payload
             else 0
         )
@@ -190,13 +191,16 @@ def _check_payload(  # noqa: PLR0913, PLR0917 - reader steps R9-R10, from _verif
     cipher: Any,
     threads: int | None,
     progress: Callable[[int], None] | None,
+    location: Location,
 ) -> int:
-    """Every payload frame, in one sequential stream, each file's sha256 compared."""
+    """Every payload frame, in one sequential stream (and, for an incremental restore point,
+    ranged reads of its bases: section 28), each file's sha256 compared."""
     checked = 0
     stream = reader.open_stream(head.data_start)
+    bases = bases_for(location, manifest)
     try:
         decoder = PayloadDecoder(
-            manifest, stream, threads=threads or default_threads(), cipher=cipher
+            manifest, stream, threads=threads or default_threads(), cipher=cipher, bases=bases
         )
         for _entry, chunk in decoder.events():
             if chunk is not None:
@@ -205,6 +209,8 @@ def _check_payload(  # noqa: PLR0913, PLR0917 - reader steps R9-R10, from _verif
                     progress(len(chunk))
     finally:
         stream.close()
+        if bases is not None:
+            bases.close()
     return checked
 
 

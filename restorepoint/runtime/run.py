@@ -138,6 +138,7 @@ class ResumableRun:
         trust: Trust | None = None,
         sign: str | os.PathLike[str] | None = None,
         safe_globals: Sequence[Callable[..., Any]] = (),
+        incremental: bool = False,
     ) -> None:
         if not isinstance(config, Mapping):
             config = load_config(os.fspath(config))
@@ -186,6 +187,8 @@ class ResumableRun:
             # Under a stop or a reclaim notice (the store deadline), each chunk's codec mode is
             # chosen to land before the deadline (spec 13, W4b); every chunk probed otherwise.
             adaptive="deadline",
+            # Only what changed is uploaded (spec 28); a multi-rank run's parts are always full.
+            incremental=incremental and self._world == 1,
         )
         self.objects: dict[str, Any] = {}
         self.step = 0

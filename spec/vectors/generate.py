@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 # The vectors are checked against the restorepoint of this checkout, not an installed one.
 sys.path.insert(0, str(HERE.parents[1]))
 
+import chains  # noqa: E402 - beside this file: incremental restore points
 import snapshots  # noqa: E402 - beside this file: the runtime's snapshot vectors
 
 import restorepoint  # noqa: E402
@@ -2352,6 +2353,41 @@ def check_snapshots(snaps: list[snapshots.SnapshotVector]) -> tuple[list[str], i
     return problems, total
 
 
+def chain_files() -> tuple[dict[str, bytes], list[chains.ChainVector]]:
+    """Every file of ``chains/`` by its path relative to this directory, and the vectors."""
+    files, vectors = chains.build(zstd_frame)
+    files[chains.CHAINS_INDEX] = chains.index_bytes(vectors, record_outcome)
+    return files, vectors
+
+
+def write_chains() -> None:
+    wanted, _ = chain_files()
+    (HERE / chains.CHAINS).mkdir(exist_ok=True)
+    for stale in (HERE / chains.CHAINS).rglob("*"):
+        if stale.is_file() and stale.relative_to(HERE).as_posix() not in wanted:
+            stale.unlink()
+    for name, data in wanted.items():
+        (HERE / name).parent.mkdir(parents=True, exist_ok=True)
+        (HERE / name).write_bytes(data)
+
+
+def check_chains() -> tuple[list[str], int]:
+    """Problems with the committed chains (bytes, stale or missing files, what verify makes
+    of each vector's object), and how many bytes they take."""
+    wanted, vectors = chain_files()
+    problems, total = check_tree(chains.CHAINS, wanted)
+    if not problems:
+        for v in vectors:
+            problems += chains.check_outcome(
+                HERE,
+                v,
+                lambda url, v=v: checked_read(
+                    v.name, v.expected_error, lambda: restorepoint.verify(url)
+                ),
+            )
+    return problems, total
+
+
 def write_sets(sets: list[SetVector]) -> None:
     wanted = set_files(sets)
     (HERE / SETS).mkdir(exist_ok=True)
@@ -2523,6 +2559,9 @@ def check(
     snapshot_problems, snapshot_total = check_snapshots(snaps)
     problems += snapshot_problems
     total += snapshot_total
+    chain_problems, chain_total = check_chains()
+    problems += chain_problems
+    total += chain_total
     if total >= MAX_TOTAL_BYTES:
         problems.append(f"all vectors: {total} bytes, the limit is {MAX_TOTAL_BYTES}")
     return problems
@@ -2547,6 +2586,7 @@ def main(argv: list[str] | None = None) -> int:
         write_trust(trusts)
         write_sets(sets)
         write_snapshots(snaps)
+        write_chains()
         print(
             f"wrote {len(vectors)} vectors, {len(gates)} gate vectors, {len(trusts)} trust "
             f"vectors, {len(sets)} vector sets, {len(snaps)} snapshot vectors, {INDEX}, "
@@ -2564,6 +2604,7 @@ def main(argv: list[str] | None = None) -> int:
         f"the reader agrees with {INDEX}, {TRUST_INDEX}, {SETS_INDEX} and "
         f"{snapshots.SNAPSHOTS_INDEX}, the gate with {GATE_INDEX}"
     )
+    print(f"{len(chain_files()[1])} chain vectors: the reader agrees with {chains.CHAINS_INDEX}")
     return 0
 
 

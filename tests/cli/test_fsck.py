@@ -46,6 +46,7 @@ def check_schema(data: dict[str, Any]) -> None:
     assert set(data["counts"]) == {
         "damaged",
         "missing_part",
+        "dangling_reference",
         "orphan_part",
         "leftover",
         "upload",
@@ -84,6 +85,7 @@ def test_a_seeded_store_exit_codes_table_json_and_repair(source: Path, tmp_path:
         "restore points         4  (2 sound)",
         "damaged                1",
         "missing part           1",
+        "dangling ref           0",
         "orphan part            1",
         "leftover               1",
         "open upload            0",

@@ -32,6 +32,7 @@ from restorepoint.format import (
     limits,
     restore_point_digest,
 )
+from restorepoint.format.delta import DELTA_FEATURE
 from restorepoint.format.manifest import (
     ENCRYPTION_SCHEMES,
     KNOWN_FEATURES,
@@ -666,7 +667,9 @@ def test_schema_constants_equal_the_code(schema: dict[str, Any]) -> None:
     assert defs["path"]["maxLength"] == limits.MAX_PATH_BYTES
     assert defs["path"]["pattern"].endswith(f"{{0,{limits.MAX_PATH_DEPTH - 1}}}$")
     features = defs["head"]["properties"]["required_features"]["items"]["enum"]
-    assert features == sorted(KNOWN_FEATURES) == [FEATURE, MULTIPART_FEATURE, PLANES_FEATURE]
+    assert features == sorted(KNOWN_FEATURES)
+    assert features == [DELTA_FEATURE, FEATURE, MULTIPART_FEATURE, PLANES_FEATURE]
+    assert defs["bases"]["maxItems"] == limits.MAX_DELTA_BASES
     assert defs["head"]["properties"]["parts"]["properties"]["world_size"]["maximum"] == (
         MAX_WORLD_SIZE
     )

@@ -384,3 +384,34 @@ def test_cli_gives_the_recorded_set_outcome(record: dict[str, Any]) -> None:
         assert [(p["rank"], p["digest"]) for p in out["parts"]] == [
             (p["rank"], p["digest"]) for p in record["parts"]
         ]
+
+
+# -- chains: incremental restore points ------------------------------------------------------
+
+CHAINS: list[dict[str, Any]] = json.loads((VECTORS / "chains" / "index.json").read_text("utf-8"))
+
+
+def test_chains_cover_incremental_restore_points() -> None:
+    everything = RECORDS + GATES + TRUSTS + SETS + CHAINS
+    assert len({r["name"] for r in everything}) == len(everything)
+    classes = [r["expected_error"] for r in CHAINS]
+    assert classes.count(None) == 2
+    assert {"IntegrityError", "MalformedManifest", "FramingError", "DigestMismatch"} <= set(classes)
+    # The run's prefix holds every object a record names, and nothing else but the base.
+    listed = {Path(e.url) for e in restorepoint.list_store(str(VECTORS / "chains") + "/")}
+    assert {VECTORS / r["file"] for r in CHAINS} < listed
+    assert len(listed - {VECTORS / r["file"] for r in CHAINS}) == 1
+
+
+@pytest.mark.parametrize("record", by_name(CHAINS))
+def test_library_gives_the_recorded_chain_outcome(record: dict[str, Any]) -> None:
+    path = str(VECTORS / record["file"])
+    if record["valid"]:
+        report = restorepoint.verify(path)
+        assert report.manifest.position.to_dict() == record["position"]
+        assert {e.path: e.sha256 for e in report.manifest.payload or ()} == record["files"]
+        assert report.manifest.bases
+    else:
+        with pytest.raises(restorepoint.RestorePointError) as caught:
+            restorepoint.verify(path)
+        assert errors.error_class(caught.value) == record["expected_error"]

@@ -101,6 +101,7 @@ def test_every_defect_is_found_and_repair_removes_only_what_prune_would(
     assert found == {
         "damaged": [seeded["truncated"]],  # the flipped byte is in the payload: not read
         "missing_part": [seeded["commit"]],
+        "dangling_reference": [],
         "orphan_part": [seeded["orphan"]],
         "leftover": [seeded["leftover"]],
         "upload": [],
@@ -238,6 +239,7 @@ def test_a_store_on_s3(
     assert counts == {
         "damaged": 0,
         "missing_part": 1,
+        "dangling_reference": 0,
         "orphan_part": 1,
         "leftover": 0,
         "upload": 1,

@@ -1,0 +1,460 @@
+"""Incremental restore points (spec section 28): publishing only what changed into a local store
+and into moto's S3, reading through the references (verify, import, materialize), prune keeping
+every base of what it keeps, and hostile references refused in one line before anything is
+imported."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clirun import cli, one_error_line
+
+from restorepoint import IntegrityError, NotFound, UnsupportedFormat
+from restorepoint.format import canonical_dumps, read_head, read_prefix, read_tail
+from restorepoint.format import manifest as manifest_module
+from restorepoint.format.layout import END_MAGIC, FOOTER
+from restorepoint.ops import import_restore_point, latest, list_store, prune, verify
+from restorepoint.ops.materialize import materialize
+from restorepoint.ops.publish import HeadSpec, PackOptions, PublishResult, publish
+from restorepoint.storage import resolve
+
+MIB = 1 << 20
+FROZEN = 9 * MIB  # 90% of the bytes never change (a frozen backbone)
+
+
+def _write(src: Path, frozen: bytes, step: int) -> None:
+    src.mkdir(exist_ok=True)
+    (src / "model.bin").write_bytes(frozen + os.urandom(MIB))
+    (src / "state.json").write_text(json.dumps({"step": step}))
+
+
+def _publish(
+    src: Path, store: str, step: int, options: dict[str, Any] | None = None, **kw: Any
+) -> PublishResult:
+    opts = PackOptions(incremental=True, chunk_size=MIB, codec="none", storage_options=options)
+    return publish(str(src), store, HeadSpec(position=step, run="r1"), opts, **kw)
+
+
+def _head(path: Path) -> Any:
+    reader = resolve(str(path)).reader()
+    try:
+        return read_head(reader).manifest
+    finally:
+        reader.close()
+
+
+def _data_start(path: Path) -> int:
+    reader = resolve(str(path)).reader()
+    try:
+        return read_prefix(reader).data_start
+    finally:
+        reader.close()
+
+
+def _stored(store: str, options: dict[str, Any] | None) -> dict[str, int]:
+    return {e.name: e.size for e in list_store(store, storage_options=options)}
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any] | None]:
+    if request.param == "local":
+        return f"{tmp_path}/store/", None
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/store/", request.getfixturevalue("s3_storage_options")
+
+
+def test_the_second_publish_uploads_only_new_chunks_and_reads_back_bit_for_bit(
+    tmp_path: Path, store: tuple[str, dict[str, Any] | None]
+) -> None:
+    url, options = store
+    frozen = os.urandom(FROZEN)
+    src = tmp_path / "src"
+    _write(src, frozen, 1)
+    first = _publish(src, url, 1, options)
+    assert first.pack.reused == 0
+    assert first.pack.incremental == "no earlier restore point of the run"
+    _write(src, frozen, 2)
+    second = _publish(src, url, 2, options)
+    assert second.pack.reused == FROZEN
+    assert second.pack.incremental is not None
+    assert second.pack.incremental.startswith("based on r1/")
+    # What the store holds is what was uploaded: the second object is the new chunks only.
+    sizes = _stored(url, options)
+    assert sizes[first.url.split("/store/")[1]] > 10 * MIB
+    assert sizes[second.url.split("/store/")[1]] < 0.12 * (10 * MIB)
+    assert second.manifest.bases is not None and len(second.manifest.bases) == 1
+    report = verify(second.url, storage_options=options)
+    assert report.bytes == 10 * MIB + len(json.dumps({"step": 2}))
+    dest = tmp_path / "restored"
+    import_restore_point(second.url, dest, storage_options=options)
+    for name in ("model.bin", "state.json"):
+        assert (dest / name).read_bytes() == (src / name).read_bytes()
+    # A self-contained copy: the same head, no base, every byte.
+    copy = materialize(second.url, str(tmp_path / "copy.rp"), storage_options=options)
+    assert copy.size > 10 * MIB
+    assert _head(tmp_path / "copy.rp").id == second.manifest.id
+    # The base goes: the incremental one no longer verifies (one line naming the base),
+    # latest --verify passes over it, and the copy still verifies.
+    resolve(first.url, options).delete()
+    with pytest.raises(IntegrityError, match=r"base r1/.* is missing"):
+        verify(second.url, storage_options=options)
+    with pytest.raises(NotFound):
+        latest(url, run="r1", verify_it=True, storage_options=options)
+    assert verify(str(tmp_path / "copy.rp")).bytes == report.bytes
+
+
+def test_references_are_flattened_and_prune_keeps_every_base_of_what_it_keeps(
+    tmp_path: Path,
+) -> None:
+    store = f"{tmp_path}/store/"
+    frozen = os.urandom(FROZEN)
+    src = tmp_path / "src"
+    published = []
+    for step in (1, 2, 3):
+        _write(src, frozen, step)
+        published.append(_publish(src, store, step))
+    first, second, third = published
+    # The third's frozen chunks lie in the first: it names the first, never goes through the
+    # second (one hop, whatever the chain).
+    assert third.manifest.bases is not None
+    assert [b.name for b in third.manifest.bases] == [first.url.split("/store/")[1]]
+    report = prune(store, keep_last=1)
+    assert report.deleted == [second.url]
+    kept = {e.name: reasons for e, reasons in report.runs[0].keep}
+    assert any(r.startswith("base of ") for r in kept[first.url.split("/store/")[1]])
+    verify(third.url)
+    # The publish after the prune still references the first.
+    _write(src, frozen, 4)
+    fourth = _publish(src, store, 4, keep_last=1)
+    assert fourth.pack.reused == FROZEN
+    assert fourth.pruned is not None
+    assert sorted(fourth.pruned.deleted) == [third.url]
+    verify(fourth.url)
+
+
+def test_full_publishes_reuse_nothing_and_the_policy_forces_a_full_one(tmp_path: Path) -> None:
+    from restorepoint.ops._increment import FULL_EVERY
+
+    store = f"{tmp_path}/store/"
+    frozen = os.urandom(2 * MIB)
+    src = tmp_path / "src"
+    results = []
+    for step in range(1, FULL_EVERY + 2):
+        _write(src, frozen, step)
+        results.append(_publish(src, store, step))
+    # Each incremental names one base more than its base's (only the first's frozen frames are
+    # named, so here one), and the bases never exceed FULL_EVERY - 1.
+    assert all(len(r.manifest.bases or ()) <= FULL_EVERY - 1 for r in results)
+    assert results[1].pack.reused == 2 * MIB
+    # A plain (full) publish after incremental ones is a 1.0 object and names nothing.
+    plain = publish(str(src), store, HeadSpec(position=99, run="r1"), PackOptions(chunk_size=MIB))
+    assert plain.manifest.bases is None and plain.manifest.format_version == "1.0"
+
+
+# -- hostile references ------------------------------------------------------------------------
+
+
+def _rewrite_index(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite the index of the object at ``path`` (digest and footer recomputed), so that the
+    one fault ``change`` plants is the only one."""
+    data = path.read_bytes()
+    reader = resolve(str(path)).reader()
+    try:
+        prefix = read_prefix(reader)
+        tail = read_tail(reader, prefix.data_start)
+    finally:
+        reader.close()
+    index = json.loads(data[tail.index_offset : tail.index_offset + tail.index_length])
+    change(index)
+    new = canonical_dumps(index)
+    footer = FOOTER.pack(tail.index_offset, len(new), hashlib.sha256(new).digest(), 0, END_MAGIC)
+    path.write_bytes(data[: tail.index_offset] + new + footer)
+
+
+def _entry(index: dict[str, Any]) -> dict[str, Any]:
+    (model,) = [e for e in index["payload"] if e["path"] == "model.bin"]
+    return model
+
+
+def _other_run(index: dict[str, Any]) -> None:
+    index["bases"][0]["name"] = "r2/" + index["bases"][0]["name"].split("/", 1)[1]
+
+
+def _no_such_digest(index: dict[str, Any]) -> None:
+    index["bases"][0]["digest"] = "0" * 64
+
+
+def _no_such_base(index: dict[str, Any]) -> None:
+    index["bases"][0]["name"] = "r1/0000000000000009-20261206T000000000Z-abcdefabcdef.rp"
+
+
+def _into_the_head(index: dict[str, Any]) -> None:
+    _entry(index)["refs"][0][3] = 0
+
+
+def _past_the_end(index: dict[str, Any]) -> None:
+    _entry(index)["refs"][0][3] = 1 << 40
+
+
+def _wrong_length(index: dict[str, Any]) -> None:
+    _entry(index)["refs"][0][4] += 1
+
+
+def _shifted(index: dict[str, Any]) -> None:
+    _entry(index)["refs"][0][3] += 4
+
+
+def _too_many_bases(index: dict[str, Any]) -> None:
+    stem = index["bases"][0]["name"].split("/", 1)[1]
+    index["bases"] += [
+        {"digest": f"{i:064x}", "name": f"r1/{stem[:-6]}{i:03d}aaa.rp"} for i in range(1, 17)
+    ]
+
+
+def _a_cycle(index: dict[str, Any]) -> None:
+    """Written where the base lies: the object names itself."""
+
+
+HOSTILE = {
+    "another run": (_other_run, "another run"),
+    "a digest no base has": (_no_such_digest, "has changed"),
+    "a base that does not exist": (_no_such_base, "is missing"),
+    "into the base's head": (_into_the_head, "outside its data region"),
+    "past the base's end": (_past_the_end, "outside its data region"),
+    "a wrong length": (_wrong_length, "their frames are"),
+    "a frame boundary moved": (_shifted, "base r1/"),
+    "more bases than the limit": (_too_many_bases, "the limit is 16"),
+}
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("chain")
+    frozen = os.urandom(3 * MIB)
+    src = root / "src"
+    _write(src, frozen, 1)
+    first = _publish(src, f"{root}/store/", 1)
+    _write(src, frozen, 2)
+    second = _publish(src, f"{root}/store/", 2)
+    return Path(first.url), Path(second.url)
+
+
+@pytest.mark.parametrize("fault", [*HOSTILE, "itself"])
+def test_a_hostile_reference_is_refused_in_one_line_and_nothing_is_imported(
+    fault: str, chain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    base, good = chain
+    run_dir = tmp_path / "store" / "r1"
+    run_dir.mkdir(parents=True)
+    shutil.copy(base, run_dir / base.name)
+    target = run_dir / good.name
+    shutil.copy(good, target)
+    if fault == "itself":
+
+        def change(index: dict[str, Any]) -> None:
+            index["bases"][0]["name"] = f"r1/{good.name}"
+
+        expected = "is the restore point itself"
+    else:
+        change, expected = HOSTILE[fault]
+    _rewrite_index(target, change)
+    proc = cli("verify", str(target))
+    assert proc.returncode == 1, proc.stderr
+    assert expected in one_error_line(proc)
+    dest = tmp_path / "out"
+    proc = cli("import", str(target), str(dest))
+    assert proc.returncode == 1, proc.stderr
+    assert expected in one_error_line(proc)
+    assert not dest.exists()
+    assert sorted(os.listdir(tmp_path)) == ["store"]
+
+
+def test_a_changed_base_fails_in_one_line_naming_it(
+    chain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    base, good = chain
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    copied = run_dir / base.name
+    shutil.copy(base, copied)
+    shutil.copy(good, run_dir / good.name)
+    # One byte of a referenced frame flipped: the base's head and index still match.
+    data = bytearray(copied.read_bytes())
+    data[_data_start(copied) + 100] ^= 1
+    copied.write_bytes(bytes(data))
+    proc = cli("verify", str(run_dir / good.name))
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert "model.bin" in line and f"from base r1/{base.name}" in line
+
+
+def test_a_reader_without_delta_1_refuses_it_at_the_head(
+    chain: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, good = chain
+    reader = resolve(str(good)).reader()
+    try:
+        assert read_head(reader).manifest.format_version == "1.2"
+        # A 1.1 reader: what it knows.
+        monkeypatch.setattr(
+            manifest_module,
+            "KNOWN_FEATURES",
+            frozenset({"encryption/1", "multipart/1", "planes/1"}),
+        )
+        with pytest.raises(UnsupportedFormat, match="unknown required feature: delta/1"):
+            read_head(reader)
+    finally:
+        reader.close()
+
+
+def test_delta_1_goes_with_1_2_a_run_and_no_encryption() -> None:
+    from restorepoint import MalformedManifest
+    from restorepoint.ops.spec import HeadSpec as Spec
+
+    head = Spec(position=1, run="r1").head().head_dict()
+    head["required_features"] = ["delta/1"]
+    with pytest.raises(MalformedManifest, match=r"1\.2"):
+        manifest_module.Manifest.from_head_dict(head)
+    head["format_version"] = "1.2"
+    assert manifest_module.Manifest.from_head_dict(head).required_features == ("delta/1",)
+    with pytest.raises(MalformedManifest, match="needs a run"):
+        manifest_module.Manifest.from_head_dict({**head, "run": None})
+    with pytest.raises(MalformedManifest, match="neither"):
+        manifest_module.Manifest.from_head_dict(
+            {**head, "required_features": ["delta/1", "multipart/1"], "part": None}
+        )
+
+
+def test_the_cli_publishes_incrementally_and_materializes(tmp_path: Path) -> None:
+    frozen = os.urandom(8 * MIB)  # two chunks of the default 4 MiB
+    src = tmp_path / "src"
+    store = f"{tmp_path}/store/"
+    out = []
+    for step in (1, 2):
+        _write(src, frozen, step)
+        proc = cli(
+            "pack", str(src), store, "--run", "r1", "--step", str(step), "--incremental",
+            "--json",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        out.append(json.loads(proc.stdout))
+    assert out[0]["incremental"]["reused"] == 0
+    assert out[1]["incremental"]["reused"] == 8 * MIB
+    proc = cli("materialize", store, "--latest", "--run", "r1", str(tmp_path / "whole.rp"))
+    assert proc.returncode == 0, proc.stderr
+    assert verify(str(tmp_path / "whole.rp")).digest != out[1]["digest"]
+    proc = cli("pack", str(src), str(tmp_path / "x.rp"), "--step", "3", "--incremental")
+    assert proc.returncode == 2
+    assert "store" in one_error_line(proc)
+
+
+def test_the_schema_validates_an_incremental_manifest_and_its_index(
+    chain: tuple[Path, Path],
+) -> None:
+    from jsonschema import Draft202012Validator
+
+    from restorepoint.ops import read_manifest
+
+    schema = json.loads(
+        (Path(__file__).resolve().parents[2] / "spec" / "manifest.schema.json").read_text()
+    )
+    _, good = chain
+    manifest = read_manifest(str(good))
+    assert manifest.bases
+    doc = manifest.to_dict()
+    assert list(Draft202012Validator(schema).iter_errors(doc)) == []
+    doc["payload"][0]["refs"] = [[0, 1, 0]]
+    assert list(Draft202012Validator(schema).iter_errors(doc)) != []
+
+
+def test_tensors_that_move_are_found_whole_in_torch_zips_and_safetensors(tmp_path: Path) -> None:
+    """Lightning's .ckpt grows a pickle before its tensors, the runtime's file a JSON header:
+    every tensor moves, and tensor-aligned cuts still find the frozen ones (spec 28.4)."""
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    frozen = torch.randn(2 * MIB)  # 8 MiB of float32
+    src = tmp_path / "src"
+    src.mkdir()
+    store = f"{tmp_path}/store/"
+    results = []
+    for step in (1, 2):
+        trained = torch.randn(MIB // 4)  # 1 MiB
+        torch.save({"log": list(range(100 * step)), "frozen": frozen, "trained": trained},
+                   src / "last.ckpt")  # fmt: skip
+        safetensors_torch.save_file(
+            {"frozen": frozen, "trained": trained},
+            str(src / "model.safetensors"),
+            metadata={"rng": "x" * (10 * step)},
+        )
+        results.append(
+            publish(
+                str(src),
+                store,
+                HeadSpec(position=step, run="r1"),
+                PackOptions(incremental=True, codec="none"),
+            )
+        )
+    # Both frozen tensors, and a few small members that did not change either.
+    assert 2 * 8 * MIB <= results[1].pack.reused < 2 * 8 * MIB + 4096
+    assert results[1].pack.size < 0.25 * results[0].pack.size
+    verify(results[1].url)
+    dest = tmp_path / "out"
+    import_restore_point(results[1].url, dest)
+    for name in ("last.ckpt", "model.safetensors"):
+        assert (dest / name).read_bytes() == (src / name).read_bytes()
+
+
+def test_fsck_reports_a_dangling_reference_from_the_index_alone(tmp_path: Path) -> None:
+    from restorepoint.ops.fsck import fsck
+
+    store = f"{tmp_path}/store/"
+    frozen = os.urandom(2 * MIB)
+    src = tmp_path / "src"
+    _write(src, frozen, 1)
+    first = _publish(src, store, 1)
+    _write(src, frozen, 2)
+    second = _publish(src, store, 2)
+    assert fsck(store).clean
+    os.remove(first.url)
+    report = fsck(store)
+    (finding,) = report.findings
+    assert finding.kind == "dangling_reference"
+    assert finding.url == second.url
+    assert "is not in the store" in finding.detail
+    proc = cli("fsck", store)
+    assert proc.returncode == 1
+    assert any(line.startswith("defect    dangling ref") for line in proc.stdout.splitlines())
+
+
+def test_a_prune_stopped_after_any_delete_leaves_every_kept_one_verifiable(
+    tmp_path: Path,
+) -> None:
+    """A prune deletes one object at a time, oldest first, and never a base of what it keeps:
+    whichever delete it is killed after (each one prefix of its plan), every restore point it
+    keeps verifies."""
+    store = f"{tmp_path}/store/"
+    frozen = os.urandom(2 * MIB)
+    src = tmp_path / "src"
+    for step in range(1, 7):
+        # A new frozen part at step 4: the newest ones reference steps 1 and 4.
+        if step == 4:
+            frozen = frozen[:MIB] + os.urandom(MIB)
+        _write(src, frozen, step)
+        _publish(src, store, step)
+    plan = prune(store, keep_last=2, dry_run=True)
+    kept = [e for e, _ in plan.runs[0].keep]
+    doomed = plan.runs[0].delete
+    assert {e.step for e in kept} == {1, 4, 5, 6} and {e.step for e in doomed} == {2, 3}
+    for entry in doomed:
+        os.remove(entry.url)
+        for survivor in kept:
+            verify(survivor.url)
+    # The prune run again finishes the job and deletes nothing it keeps.
+    assert prune(store, keep_last=2).deleted == []

@@ -392,9 +392,10 @@ def _numpy() -> Any:
     if not _NUMPY:
         try:
             import numpy
+
+            _NUMPY.append(numpy)
         except ImportError:
-            numpy = None
-        _NUMPY.append(numpy)
+            _NUMPY.append(None)
     return _NUMPY[0]
 
 

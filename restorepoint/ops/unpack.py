@@ -79,11 +79,13 @@ class Contents:
     may ``forget`` what it has read, so that the bytes and what is built of them are not both
     held whole."""
 
-    __slots__ = ("_chunks", "_starts", "size")
+    __slots__ = ("_chunks", "_forgotten", "_starts", "size")
 
     def __init__(self) -> None:
         self._chunks: list[bytes | memoryview | None] = []
         self._starts: list[int] = []
+        #: Chunks before this one are forgotten.
+        self._forgotten = 0
         self.size = 0
 
     def append(self, chunk: bytes | memoryview) -> None:
@@ -115,10 +117,11 @@ class Contents:
 
     def forget(self, end: int) -> None:
         """Let go of every chunk that lies wholly before byte ``end``."""
-        for i in range(bisect.bisect_right(self._starts, end) - 1):
-            chunk = self._chunks[i]
-            if chunk is not None and self._starts[i] + len(chunk) <= end:
-                self._chunks[i] = None
+        i = self._forgotten
+        while i < len(self._chunks) and self._starts[i] + len(self._chunks[i] or b"") <= end:
+            self._chunks[i] = None
+            i += 1
+        self._forgotten = i
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ store, every tool in a seeded shuffled order (ours, a peer, ..., then the next r
   restorepoint hashes (sha256 of every byte, recorded in the index) and compresses on the way;
   the peers do neither.
 - **resume**: a fresh start of the same model: from nothing in the run directory to the end
-  of the first compute step (ours: ResumableRun + resume() from the store; the peers: the
-  download, torch.load / dcp.load and load_state_dict).
+  of the first compute step (ours: ResumableRun + resume() from the store, the step taken in
+  the run while the import's copy lands in the run directory; the peers: the download,
+  torch.load / dcp.load and load_state_dict).
 - **bytes** stored, the **slowdown** of the compute loop while a publish runs in the
   background, and the **peak RSS** of this process during the save and during the resume (the
   kernel's high-water mark, reset before each; it includes the model and its optimizer).

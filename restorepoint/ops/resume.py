@@ -125,12 +125,14 @@ def resume_import(  # noqa: PLR0913 - the one gated import's keyword options
     on_start: Callable[[int], None] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    in_memory: bool = False,
 ) -> ImportResult:
     """Import ``url`` into ``dest`` for a resume: the strict gate against ``views`` (except
     the ``defer``red fields, which the trainer itself compares), under the trust policy, then
     the import's usual verification; a refusal writes nothing. ``rank`` and ``world_size``:
     a multi-part restore point's shared part and that rank's, on a world it was made by
-    (spec 25.4)."""
+    (spec 25.4). ``in_memory``: the verified files are held too, and the copy in ``dest``
+    lands on ``finish()`` (``import_restore_point``)."""
     return import_restore_point(
         url,
         dest,
@@ -145,6 +147,7 @@ def resume_import(  # noqa: PLR0913 - the one gated import's keyword options
         trust=trust_policy(trust),
         rank=rank,
         world_size=world_size,
+        in_memory=in_memory,
     )
 
 

@@ -12,20 +12,25 @@ The importer's algorithm (spec section "Import"), step by step:
 
 A failure at any step, a SIGKILL included, leaves DEST as it was; a killed import leaves a
 recognisable staging directory that the next import beside the same DEST removes.
+
+An import ``in_memory`` keeps every file's verified plain bytes as well (``Contents``: the
+decoded chunks, no copy to join them) and leaves step 5 to ``ImportResult.finish``: a caller
+that loads the bytes (the runtime's resume) has them as soon as every file verified, without
+waiting for the fsyncs or reading the files back, and moves the copy into place afterwards, on
+any thread.
 """
 
 from __future__ import annotations
 
-import contextlib
+import bisect
 import os
 import shutil
 import stat
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .._posix import fsync_dir, rename_exchange
 from .._text import plural
 from ..errors import (
     DestinationError,
@@ -44,19 +49,12 @@ from ..format import (
     check_paths,
     restore_point_digest,
 )
-from ..storage import (
-    OLD_MARK,
-    STAGING_MARK,
-    Location,
-    leftover_name,
-    parse_leftover,
-    resolve,
-    this_host,
-    translate,
-)
+from ..storage import STAGING_MARK, Location, resolve, translate
 from ._delta import bases_for
 from ._multipart import check_part, check_part_paths, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_head, open_manifest
+from ._staging import Staged, Tree, new_name
+from ._staging import clean_leftovers as _clean_leftovers
 from .gate import (
     CLI_HINTS,
     CheckResult,
@@ -68,19 +66,72 @@ from .gate import (
 )
 from .pack import default_threads
 
-__all__ = ["ImportResult", "import_restore_point"]
+__all__ = ["Contents", "ImportResult", "import_restore_point"]
+#: The staging tree by its old name (tests patch it here).
+_Tree = Tree
 
 #: What an import unpacks: a manifest, the reader of its object, where its payload starts, and
 #: the cipher that opens it (one object's, or each of a commit's parts).
 #: A manifest, its reader, its data start, its cipher, and (incremental) its bases.
 _Source = tuple[Manifest, Any, int, ChunkCipher | None, Bases | None]
-#: A leftover whose writer may still be alive on another host is removed only when this old.
-STALE_AFTER_S = 24 * 3600
+
+
+class Contents:
+    """One file's plain bytes, verified, as an import ``in_memory`` kept them: the chunks the
+    decoder gave (bytes or read-only views), in order. A reader copies out what it needs and
+    may ``forget`` what it has read, so that the bytes and what is built of them are not both
+    held whole."""
+
+    __slots__ = ("_chunks", "_forgotten", "_starts", "size")
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes | memoryview | None] = []
+        self._starts: list[int] = []
+        #: Chunks before this one are forgotten.
+        self._forgotten = 0
+        self.size = 0
+
+    def append(self, chunk: bytes | memoryview) -> None:
+        self._starts.append(self.size)
+        self._chunks.append(chunk)
+        self.size += len(chunk)
+
+    def readinto(self, start: int, out: memoryview) -> int:
+        """Copy bytes ``start`` to ``start + len(out)`` (fewer at the end) into ``out``;
+        returns how many. Forgotten bytes are not there: ValueError."""
+        n = max(0, min(len(out), self.size - start))
+        i = bisect.bisect_right(self._starts, start) - 1
+        done = 0
+        while done < n:
+            chunk = self._chunks[i]
+            if chunk is None:
+                raise ValueError("those bytes were forgotten")
+            offset = start + done - self._starts[i]
+            take = min(n - done, len(chunk) - offset)
+            out[done : done + take] = memoryview(chunk)[offset : offset + take]
+            done += take
+            i += 1
+        return n
+
+    def read(self, start: int, end: int) -> bytes:
+        out = bytearray(max(0, min(end, self.size) - start))
+        self.readinto(start, memoryview(out))
+        return bytes(out)
+
+    def forget(self, end: int) -> None:
+        """Let go of every chunk that lies wholly before byte ``end``."""
+        i = self._forgotten
+        while i < len(self._chunks) and self._starts[i] + len(self._chunks[i] or b"") <= end:
+            self._chunks[i] = None
+            i += 1
+        self._forgotten = i
 
 
 @dataclass(frozen=True)
 class ImportResult:
-    """A restore point unpacked and verified in ``dest``."""
+    """A restore point unpacked and verified in ``dest``; with ``in_memory``, verified and
+    kept in ``contents`` (payload path: plain bytes), its copy in ``dest`` landing when
+    ``finish`` is called."""
 
     url: str
     dest: str
@@ -89,10 +140,26 @@ class ImportResult:
     bytes: int
     seconds: float
     check: CheckResult
+    contents: Mapping[str, Contents] | None = None
+    _staged: Staged | None = field(default=None, repr=False, compare=False)
 
     @property
     def gated(self) -> bool:
         return self.check.gated
+
+    def finish(self) -> None:
+        """An import ``in_memory``: make the staged copy durable and move it into ``dest``
+        (steps U8 and U9: every file and directory fsynced, then the rename). Safe to call
+        from any thread, and more than once; on a failure (StorageError) the staging
+        directory is removed and ``dest`` is as it was. A process that ends before it leaves
+        the staging directory, which the next import beside ``dest`` removes."""
+        if self._staged is not None:
+            self._staged.finish()
+
+    def discard(self) -> None:
+        """Remove the staged copy of an import ``in_memory`` that will not be finished."""
+        if self._staged is not None:
+            self._staged.discard()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,8 +191,14 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
     trust: Trust = NO_TRUST,
     rank: int | None = None,
     world_size: int | None = None,
+    in_memory: bool = False,
 ) -> ImportResult:
     """Import the restore point at ``url`` into the local directory ``dest``.
+
+    ``in_memory``: also keep every file's verified plain bytes (``ImportResult.contents``),
+    and return before the copy in ``dest`` is made durable and moved into place, which the
+    caller does with ``ImportResult.finish()`` (or ``discard()``). The payload must fit in
+    the memory available too (StorageError, exit 4, before anything is written).
 
     A multi-part restore point (spec section 25) is imported whole, every part's files in one
     tree, or with ``rank`` only the shared part and that rank's. ``world_size`` is the world
@@ -177,10 +250,13 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
                     )
                 total = sum(m.total_size for m, *_ in sources)
                 _check_space(target, total, sum(m.file_count for m, *_ in sources))
+                if in_memory:
+                    _check_memory(target, total)
                 if on_start is not None:
                     on_start(total)
                 _clean_leftovers(target)
-                files = _unpack(sources, target, replacing, threads, progress)
+                kept: dict[str, Contents] | None = {} if in_memory else None
+                files, staged = _unpack(sources, target, replacing, threads, progress, kept)
             finally:
                 for other in readers[1:]:
                     other.close()
@@ -194,6 +270,8 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
         bytes=total,
         seconds=time.perf_counter() - started,
         check=result,
+        contents=kept,
+        _staged=staged,
     )
 
 
@@ -301,110 +379,39 @@ def _check_space(target: str, total: int, files: int) -> None:
         )
 
 
+def _check_memory(target: str, total: int) -> None:
+    """An import in memory holds the plain bytes: refuse one that the memory available (the
+    kernel's estimate, page cache it can reclaim included) cannot hold, before anything is
+    written."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        free = int(fields[b"MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return  # not Linux: the allocation itself is the check
+    if free < total:
+        raise StorageError(
+            f"not enough memory for the payload: {total} bytes needed, {free} available",
+            url=target,
+            expected=total,
+            found=free,
+        )
+
+
 # -- step 4: staging ------------------------------------------------------------------------
 
 
-def _new_name(target: str, mark: str) -> str:
-    return os.path.join(os.path.dirname(target), leftover_name(os.path.basename(target), mark))
-
-
-def _clean_leftovers(target: str) -> None:
-    """Remove staging (and replaced) directories of earlier imports into DEST whose importer is
-    gone: on this host when its process no longer exists, from elsewhere when a day old. The
-    names beside DEST are anyone's: one that does not parse is kept until it is a day old, and
-    no error here stops the import (U5)."""
-    parent = os.path.dirname(target)
-    final = os.path.basename(target)
-    host = this_host()
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        leftover = parse_leftover(name, final)
-        if leftover is None:
-            continue
-        path = os.path.join(parent, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if stat.S_ISLNK(st.st_mode):
-            continue  # never removed (and never followed)
-        gone = leftover.host == host and leftover.pid is not None and not leftover.writer_alive
-        if gone or time.time() - st.st_mtime > STALE_AFTER_S:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-class _Tree:
-    """Directories under a staging root, each opened relative to its parent's descriptor
-    without following any link: nothing planted on the way can redirect a write outside the
-    root.
-
-    Files arrive in payload order (strictly increasing UTF-8 bytes), so the files below any
-    directory come one after another: the tree is walked depth first, with descriptors open
-    only for the directories from the root to the current file (at most MAX_PATH_DEPTH, never
-    one per directory of the payload, which a wide tree would run out of), no recursion, and
-    each directory fsynced and closed once the walk has left it, after everything in it."""
-
-    FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        #: (name, descriptor) from the root (named "") down to the current directory
-        self.chain: list[tuple[str, int]] = [("", os.open(root, self.FLAGS))]
-
-    def _enter(self, directories: list[str]) -> int:
-        depth = 0
-        while (
-            depth < len(directories)
-            and depth + 1 < len(self.chain)
-            and self.chain[depth + 1][0] == directories[depth]
-        ):
-            depth += 1
-        while len(self.chain) > depth + 1:
-            self._leave()
-        for name in directories[depth:]:
-            parent_fd = self.chain[-1][1]
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o755, dir_fd=parent_fd)
-            self.chain.append((name, os.open(name, self.FLAGS, dir_fd=parent_fd)))
-        return self.chain[-1][1]
-
-    def _leave(self) -> None:
-        _, fd = self.chain.pop()
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def create(self, path: str) -> int:
-        *directories, name = path.split("/")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(name, flags, 0o644, dir_fd=self._enter(directories))
-
-    def sync_and_close(self) -> None:
-        # Deepest first, the root last, so that each directory's entries are durable before
-        # its parent's.
-        while self.chain:
-            self._leave()
-
-    def close(self) -> None:
-        for _, fd in self.chain:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.chain.clear()
-
-
-def _unpack(
+def _unpack(  # noqa: PLR0913, PLR0917 - steps U6-U9, from import_restore_point
     sources: Sequence[_Source],
     target: str,
     replacing: bool,
     threads: int | None,
     progress: Callable[[int], None] | None,
-) -> list[str]:
-    """Steps U4-U9: every source's files (one object's, or a commit's parts') into one
-    staging tree, then into place."""
+    kept: dict[str, Contents] | None,
+) -> tuple[list[str], Staged | None]:
+    """Steps U6-U9: every source's files (one object's, or a commit's parts') into one
+    staging tree, then into place; with ``kept`` (an import in memory), every file's bytes
+    kept there too, and U8-U9 left to the ``Staged`` returned."""
     entries = [e for manifest, *_ in sources for e in manifest.payload or ()]
     # The path rules again, on exactly what will be written (defence in depth: the reader
     # checked them too).
@@ -414,7 +421,7 @@ def _unpack(
     parent = os.path.dirname(target)
     try:
         os.makedirs(parent, exist_ok=True)
-        staging = _new_name(target, STAGING_MARK)
+        staging = new_name(target, STAGING_MARK)
         # Made with DEST's mode first, to learn it (0755 less the umask, or what a default ACL
         # gives) without umask(2), which would change the mask of every thread for a moment;
         # then closed to others until the move (empty and not writable by others meanwhile).
@@ -427,36 +434,43 @@ def _unpack(
         try:
             mode = stat.S_IMODE(os.lstat(staging).st_mode)
             os.chmod(staging, 0o700)
-            tree = _Tree(staging)
+            tree = Tree(staging)
             try:
                 for manifest, reader, data_start, cipher, bases in sources:
                     stream = reader.open_stream(data_start)
                     try:
-                        _write_files(manifest, stream, tree, threads, progress, cipher, bases)
+                        _write_files(manifest, stream, tree, threads, progress, cipher, bases, kept)
                     finally:
                         stream.close()
-                # Before the fsyncs, so that DEST's mode is as durable as its entries.
-                os.chmod(staging, mode)
-                tree.sync_and_close()
+                if kept is None:
+                    # Before the fsyncs, so that DEST's mode is as durable as its entries.
+                    os.chmod(staging, mode)
+                    tree.sync_and_close()
             finally:
                 tree.close()
         except OSError as exc:
             raise translate(exc, target) from None
-        _commit(staging, target, replacing)
+        paths = None if kept is None else [e.path for e in entries]
+        staged = Staged(staging, target, replacing, mode, paths)
+        if kept is None:
+            staged.finish()
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return [os.path.join(target, *e.path.split("/")) for e in entries]
+    return [os.path.join(target, *e.path.split("/")) for e in entries], (
+        None if kept is None else staged
+    )
 
 
 def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_restore_point
     manifest: Manifest,
     stream: Any,
-    tree: _Tree,
+    tree: Tree,
     threads: int | None,
     progress: Callable[[int], None] | None,
     cipher: ChunkCipher | None,
     bases: Bases | None = None,
+    kept: dict[str, Contents] | None = None,
 ) -> None:
     assert manifest.payload is not None
     decoder = PayloadDecoder(
@@ -471,16 +485,20 @@ def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_re
         for entry, chunk in decoder.events():
             if chunk is None:
                 if fd >= 0:
-                    os.fsync(fd)
+                    if kept is None:
+                        # In memory, U8 (``Staged.finish``) syncs every file later.
+                        os.fsync(fd)
                     os.close(fd)
                     fd = -1
                 elif entry.size == 0:
-                    os.close(tree.create(entry.path))
+                    os.close(_create(tree, entry.path, kept))
                 current = None
                 continue
             if entry is not current:
-                fd = tree.create(entry.path)
+                fd = _create(tree, entry.path, kept)
                 current = entry
+            if kept is not None:
+                kept[entry.path].append(chunk)
             view = memoryview(chunk)
             while view:
                 view = view[os.write(fd, view) :]
@@ -491,34 +509,9 @@ def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_re
             os.close(fd)
 
 
-# -- step 5: into place ---------------------------------------------------------------------
-
-
-def _commit(staging: str, target: str, replacing: bool) -> None:
-    parent = os.path.dirname(target)
-    try:
-        if not replacing:
-            # rename(2) also replaces an empty directory atomically.
-            os.rename(staging, target)
-        elif rename_exchange(staging, target):
-            shutil.rmtree(staging, ignore_errors=True)  # now the previous contents
-        else:
-            # No atomic exchange on this file system: move the old tree aside under a
-            # recognisable name first. A crash between the two renames leaves DEST absent
-            # and the old tree beside it, never a mixture.
-            old = _new_name(target, OLD_MARK)
-            os.rename(target, old)
-            try:
-                os.rename(staging, target)
-            except BaseException:
-                # Put the old tree back: a failure that is not a crash must not leave DEST
-                # absent (nor the old tree under a name the next cleanup removes).
-                with contextlib.suppress(OSError):
-                    os.rename(old, target)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        fsync_dir(parent)
-    except OSError as exc:
-        raise StorageError(
-            f"cannot move the import into place ({exc.strerror})", url=target
-        ) from None
+def _create(tree: Tree, path: str, kept: dict[str, Contents] | None) -> int:
+    """The file ``path`` created in the staging tree (and its bytes' place in ``kept``)."""
+    fd = tree.create(path)
+    if kept is not None:
+        kept[path] = Contents()
+    return fd

@@ -271,8 +271,10 @@ def report_refusal(exc: RestorePointError, *, main: bool = True) -> None:
     lines = [f"restorepoint: error: {printable(str(exc))}"]
     lines += [f"restorepoint:   {printable(d)}" for d in getattr(exc, "details", ())]
     print("\n".join(lines), file=sys.stderr, flush=True)
-    with contextlib.suppress(OSError, ValueError):
-        leave_refusal_marker(exc)
+    if exc.exit_code == EXIT_INCOMPATIBLE:
+        # (A restore point that could not be read, exit 1, stays exit 1 through a launcher.)
+        with contextlib.suppress(OSError, ValueError):
+            leave_refusal_marker(exc)
     ready = os.environ.get(READY_ENV)
     if ready and main:
         fields = [m["field"] for m in getattr(exc, "mismatches", ())]

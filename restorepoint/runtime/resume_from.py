@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,12 +17,22 @@ from ..ops.gate import decide, refuse
 from ..ops.resume import choose, read_head_file, resume_import
 from ..ops.resumed import ResumeMarker
 from ..ops.store import _store
+from ..ops.unpack import ImportResult
 from .contract import RESUME_DIR_ENV, RESUME_HEAD_ENV, RESUME_URL_ENV
+from .snapshot_file import Held
 
 if TYPE_CHECKING:
     from .run import ResumableRun
 
-__all__ = ["RUNTIME_HINTS", "display", "gate_handed", "handed", "mark", "store_snapshot"]
+__all__ = [
+    "RUNTIME_HINTS",
+    "Landing",
+    "display",
+    "gate_handed",
+    "handed",
+    "mark",
+    "store_snapshot",
+]
 
 log = logging.getLogger("restorepoint.torch")
 
@@ -63,9 +74,11 @@ def gate_handed(imported: Path, view: Expectations, rank_file: str) -> None:
         raise refuse(result)
 
 
-def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str] | None:
+def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str, Landing | None] | None:
     """The store's newest restore point of this run, imported, when it is further on than the
-    run directory's snapshot."""
+    run directory's snapshot. Imported in memory (an import's in-memory sink): its files are
+    verified and held, and the run loads them from there (the ``Landing``) while their copy
+    in the run directory, for a later resume here, is moved into place afterwards."""
     if run.store is None:
         return None
     storage = run.options.storage_options
@@ -95,9 +108,10 @@ def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str] | Non
         # Each rank imports the shared part and its own (spec 25.4).
         name += f".rank{rank}"
     dest = run.run_dir / "imports" / name
+    landing = None
     if not dest.exists():
         try:
-            resume_import(
+            result = resume_import(
                 entry.url,
                 dest,
                 views=[view],
@@ -106,15 +120,59 @@ def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str] | Non
                 hints=RUNTIME_HINTS,
                 rank=rank if world > 1 else None,
                 world_size=world,
+                in_memory=True,
             )
         except RestorePointError:
             # Ranks sharing the run directory import at once; the import is renamed into
             # place whole, so one that is there is the winner's.
             if not dest.exists():
                 raise
+        else:
+            landing = Landing(result)
     if run.is_main:
         mark(run, entry.name)
-    return dest / run.publisher.rank_file(), "store"
+    return dest / run.publisher.rank_file(), "store", landing
+
+
+class Landing:
+    """An import in memory on its way into the run directory: ``held`` is every file's
+    verified bytes by the path it will have; ``start`` moves the copy into place on a thread
+    of its own (fsync and rename: the first step need not wait for them), ``join`` waits for
+    it, ``discard`` drops it. A copy that cannot be moved into place costs only a later
+    resume here its shortcut (it imports from the store again)."""
+
+    def __init__(self, result: ImportResult) -> None:
+        self.result = result
+        dest = Path(result.dest)
+        contents = result.contents or {}
+        self.held: dict[Path, Held] = {
+            dest.joinpath(*path.split("/")): data for path, data in contents.items()
+        }
+        self._thread: threading.Thread | None = None
+
+    def land(self) -> None:
+        """Move the copy into place now, on this thread."""
+        try:
+            self.result.finish()
+        except RestorePointError as exc:
+            if not Path(self.result.dest).exists():  # another rank's copy is as good
+                log.warning(
+                    "could not keep the imported restore point in the run directory: %s", exc
+                )
+
+    def start(self) -> None:
+        self.held = {}
+        self._thread = threading.Thread(target=self.land, name="rp-land", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def discard(self) -> None:
+        self.held = {}
+        self.result.discard()
 
 
 def mark(run: ResumableRun, name: str) -> None:

@@ -79,9 +79,17 @@ from .data import EpochSampler, effective_batches
 from .detect import TORCH_TERMS_SOURCE, torch_terms
 from .identity import RECOVERY_KEYS, operational_keys, run_id_for, snapshot_interval
 from .publish import Publisher, rank_file
-from .resume_from import RUNTIME_HINTS, display, gate_handed, handed, store_snapshot
+from .resume_from import RUNTIME_HINTS, Landing, display, gate_handed, handed, store_snapshot
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
-from .state import STATE_FORMAT, load_state, read_state, rng_state, set_rng, to_cpu
+from .state import (
+    STATE_FORMAT,
+    held_or_files,
+    load_state,
+    read_state,
+    rng_state,
+    set_rng,
+    to_cpu,
+)
 from .stop import end_stop, finish_uploads, stop
 from .worker import Snapshot, SnapshotWorker
 
@@ -195,6 +203,8 @@ class ResumableRun:
         self.epoch = 0
         self.batch = 0
         self.resumed_from: Position | None = None
+        # The copy of a store import on its way into the run directory (resume_from.Landing).
+        self._landing: Landing | None = None
         self.last_pause_s: float | None = None
         self._start_epoch = 0
         # The step of the newest snapshot taken or resumed from (None: none yet).
@@ -386,6 +396,9 @@ class ResumableRun:
         report_refusal(exc, main=self.is_main)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self._landing is not None:
+            self._landing.join()
+            self._landing = None
         if exc_type is None and self.final_snapshot and self.step not in (0, self._snapshot_step):
             # The state at completion, published: a rerun elsewhere finds the run done, not
             # its last periodic snapshot to train on from.
@@ -542,21 +555,46 @@ class ResumableRun:
             # auto_resume governs finding the newest; an import handed over (restorepoint run
             # --resume-from) is applied whatever it says.
             return self.position
+        landing = None
         try:
-            path, source = self._newest_snapshot()
+            path, source, landing = self._newest_snapshot()
             if path is None:
                 if self.is_main:
                     log.info("no checkpoint of run %s: starting fresh", self.run_id)
                 return self.position
-            state = load_state(path, extra_globals=self.safe_globals)
-        except RestorePointError as exc:
+            # A store import is loaded from the verified bytes it holds, not read back.
+            state = (
+                load_state(path, extra_globals=self.safe_globals)
+                if landing is None
+                else held_or_files(path, landing.held, landing.land, self.safe_globals)
+            )
+        except BaseException as exc:
+            self._failed_resume(exc, landing)
+            raise
+        try:
+            self._restore(path, source, state)
+        except BaseException:
+            self._failed_resume(None, landing)
+            raise
+        if landing is not None:
+            # The copy for a later resume here lands while training goes on (joined at exit).
+            self._landing = landing
+            landing.start()
+        return self.position
+
+    def _failed_resume(self, exc: BaseException | None, landing: Landing | None) -> None:
+        if landing is not None:
+            landing.discard()
+        if isinstance(exc, RestorePointError):
             self._refused = exc
             # Outside a supervisor the error reaches the user as a traceback: its mismatches,
             # one a line, come with it (Python 3.11 prints an exception's notes).
             for detail in getattr(exc, "details", ()):
                 if hasattr(exc, "add_note"):
                     exc.add_note(f"  {printable(detail)}")
-            raise
+
+    def _restore(self, path: Path, source: str, state: Any) -> None:
+        """Every tracked object, the RNGs and the position from a loaded snapshot."""
         shown = display(path, self._rank_file())
         if (
             not isinstance(state, dict)
@@ -591,14 +629,13 @@ class ResumableRun:
                 f"with seed + epoch ({self.seed} + {self.epoch})",
                 file=sys.stderr,
             )
-        return self.position
 
-    def _newest_snapshot(self) -> tuple[Path | None, str]:
+    def _newest_snapshot(self) -> tuple[Path | None, str, Landing | None]:
         imported = handed(self._rank_file())
         if imported is not None:
             # A supervisor imported a restore point for us (restorepoint run --resume-from).
             gate_handed(imported, self._view, self._rank_file())
-            return imported / self._rank_file(), "supervisor import"
+            return imported / self._rank_file(), "supervisor import", None
         local = self.directory.checkpoints / self._rank_file()
         local_step = self._local_step(local)
         steps: list[Any] = [local_step]
@@ -622,7 +659,7 @@ class ResumableRun:
                 "and the store has no restore point to resume every rank from",
                 url=str(self.run_dir),
             )
-        return (local, "run directory") if local_step >= 0 else (None, "")
+        return (local, "run directory", None) if local_step >= 0 else (None, "", None)
 
     def _local_step(self, local: Path) -> int:
         """The step of this rank's snapshot in the run directory, or -1: none, or one whose

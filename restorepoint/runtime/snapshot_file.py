@@ -23,10 +23,12 @@ import ctypes
 import json
 import os
 import re
+import tempfile
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -36,8 +38,11 @@ from ..format.limits import MAX_SAFE_INTEGER
 
 __all__ = [
     "SNAPSHOT_FORMAT",
+    "Held",
     "is_snapshot_file",
+    "is_snapshot_head",
     "read_snapshot_file",
+    "read_snapshot_held",
     "storable",
     "write_snapshot_file",
 ]
@@ -236,7 +241,11 @@ def is_snapshot_file(path: str | os.PathLike[str]) -> bool:
     zip, "PK"; or a bare pickle, whose ninth byte is its magic number's): by its first bytes
     (the header opens with "{" after its 8-byte length), never by its name."""
     with open(path, "rb") as f:
-        head = f.read(9)
+        return is_snapshot_head(f.read(9))
+
+
+def is_snapshot_head(head: bytes) -> bool:
+    """``is_snapshot_file`` on the first nine bytes of a file."""
     return len(head) == 9 and head[8:9] == b"{" and not head.startswith(b"PK")
 
 
@@ -331,44 +340,130 @@ def read_snapshot_file(path: str | os.PathLike[str]) -> Any:
     Raises IntegrityError (MalformedManifest for the structure's JSON) when the file is not a
     sound snapshot: not a safetensors file, another format, a structure that is not canonical
     JSON of the grammar above, or a tensor the structure and the file disagree about."""
-    safetensors = _safetensors()
     try:
         size = os.stat(path).st_size
         with open(path, "rb") as f:
             prefix = f.read(8)
-        if len(prefix) < 8 or int.from_bytes(prefix, "little") > min(MAX_HEADER_BYTES, size - 8):
-            raise _bad(path, "its header length is beyond the file")
-        handle = safetensors.safe_open(os.fspath(path), framework="pt", device="cpu")
-    except IntegrityError:
+    except FileNotFoundError:
         raise
+    except OSError as exc:
+        raise _bad(path, f"not a safetensors file ({ascii(str(exc))[1:-1][:200]})") from None
+    _check_length(path, prefix, size)
+    node, shapes = _checked(path, path)
+    # Checked whole (safetensors checked the container, the structure was checked against it)
+    # before a tensor is read.
+    with open(path, "rb") as raw:
+        length = int.from_bytes(raw.read(8), "little")
+        if length > MAX_HEADER_BYTES:
+            raise _bad(path, "its header length is beyond the file")
+
+        def fill(offset: int, out: memoryview) -> int:
+            raw.seek(offset)
+            return raw.readinto(out) or 0
+
+        reader = _Reader(path, raw.read(length), shapes, fill)
+        return _Decoder(path, shapes, reader.tensor).value(node, 0)
+
+
+class Held(Protocol):
+    """A file's bytes held in memory, verified (an import in memory keeps them so:
+    ``ops.unpack.Contents``)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def read(self, start: int, end: int) -> bytes: ...
+
+    def readinto(self, start: int, out: memoryview) -> int: ...
+
+    def forget(self, end: int) -> None: ...
+
+
+def read_snapshot_held(name: str, data: Held) -> Any:
+    """The state of a snapshot file held in memory (``name`` is what errors call it), checked
+    exactly as ``read_snapshot_file`` checks a file: safetensors checks the container on the
+    header alone (a file of the header and a hole as long as the tensors' bytes, so nothing
+    is copied for it), the structure is checked against it, and only then is a tensor made.
+    Every tensor gets memory of its own, made in the order of its bytes, and the bytes are
+    forgotten as they are copied: the held bytes and the state are never both held whole."""
+    prefix = data.read(0, 8)
+    _check_length(name, prefix, data.size)
+    length = int.from_bytes(prefix, "little")
+    header = data.read(8, 8 + length)
+    with _header_file(prefix + header, data.size) as path:
+        node, shapes = _checked(name, path)
+    reader = _Reader(name, header, shapes, data.readinto)
+    made: dict[str, torch.Tensor] = {}
+    for tensor in sorted(shapes, key=reader.begin):
+        made[tensor] = reader.tensor(tensor)
+        data.forget(reader.end(tensor))
+    data.forget(data.size)
+    return _Decoder(name, shapes, made.__getitem__).value(node, 0)
+
+
+def _check_length(path: str | os.PathLike[str], prefix: bytes, size: int) -> None:
+    if len(prefix) < 8 or int.from_bytes(prefix, "little") > min(MAX_HEADER_BYTES, size - 8):
+        raise _bad(path, "its header length is beyond the file")
+
+
+@contextmanager
+def _header_file(header: bytes, size: int) -> Iterator[str]:
+    """A file holding ``header`` and then a hole up to ``size`` bytes: what safetensors opens
+    to check a container whose bytes are in memory (it maps the file and reads the header;
+    the hole costs neither memory nor disk). In memory where the system can (memfd), else a
+    temporary file."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("restorepoint-snapshot-header", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(header)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.ftruncate(fd, size)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    with tempfile.NamedTemporaryFile(prefix="restorepoint-header-") as f:  # pragma: no cover
+        f.write(header)
+        f.truncate(size)
+        f.flush()
+        yield f.name
+
+
+def _checked(
+    shown: str | os.PathLike[str], path: str | os.PathLike[str]
+) -> tuple[Any, dict[str, tuple[str, list[int]]]]:
+    """The container (safetensors opens ``path``), its format and the structure against its
+    tensors, checked; the structure's JSON and each tensor's dtype and shape. ``shown`` is
+    what errors call the file."""
+    safetensors = _safetensors()
+    try:
+        handle = safetensors.safe_open(os.fspath(path), framework="pt", device="cpu")
     except FileNotFoundError:
         raise
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise _bad(path, f"not a safetensors file ({ascii(first)[1:-1]})") from None
+        raise _bad(shown, f"not a safetensors file ({ascii(first)[1:-1]})") from None
     with handle as f:
         metadata = f.metadata() or {}
         if sorted(metadata) != ["format", "structure"] or metadata["format"] != SNAPSHOT_FORMAT:
             found = ascii(metadata.get("format"))[:60]
-            raise _bad(path, f"its format is {found}, not {SNAPSHOT_FORMAT}")
+            raise _bad(shown, f"its format is {found}, not {SNAPSHOT_FORMAT}")
         shapes: dict[str, tuple[str, list[int]]] = {}
         for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
             view = f.get_slice(name)
             shapes[name] = (view.get_dtype(), list(view.get_shape()))
-        with at_url(os.fspath(path)):
+        with at_url(os.fspath(shown)):
             node = strict_loads(metadata["structure"].encode("utf-8"), "snapshot structure")
-        checked = _Decoder(path, shapes)
+        checked = _Decoder(shown, shapes)
         checked.value(node, 0)
         extra = sorted(set(shapes) - set(checked.named), key=lambda n: (len(n), n))
         if extra:
             raise _bad(
-                path,
+                shown,
                 f"the file holds tensor {ascii(extra[0])[1:-1]}, which the structure does not name",
             )
-    # Checked whole (safetensors checked the container, the structure was checked against it)
-    # before a tensor is read.
-    with open(path, "rb") as raw:
-        return _Decoder(path, shapes, _Reader(path, raw, shapes).tensor).value(node, 0)
+    return node, shapes
 
 
 class _Reader:
@@ -381,18 +476,28 @@ class _Reader:
     def __init__(
         self,
         path: str | os.PathLike[str],
-        f: Any,
+        header: bytes,
         shapes: Mapping[str, tuple[str, list[int]]],
+        fill: Callable[[int, memoryview], int],
     ) -> None:
-        self.path, self.f, self.shapes = path, f, shapes
-        length = int.from_bytes(f.read(8), "little")
-        if length > MAX_HEADER_BYTES:
-            raise _bad(path, "its header length is beyond the file")
-        self.base = 8 + length
+        self.path, self.shapes, self.fill = path, shapes, fill
+        self.base = 8 + len(header)
         try:
-            self.header = json.loads(f.read(length))
+            self.header = json.loads(header)
         except (ValueError, RecursionError):
             raise _bad(path, "its header changed while it was read") from None
+
+    def _offsets(self, name: str) -> tuple[int, int]:
+        entry = self.header.get(name) if isinstance(self.header, dict) else None
+        begin, end = (entry.get("data_offsets") if isinstance(entry, dict) else None) or (0, 0)
+        return (begin, end) if isinstance(begin, int) and isinstance(end, int) else (0, 0)
+
+    def begin(self, name: str) -> int:
+        return self._offsets(name)[0]
+
+    def end(self, name: str) -> int:
+        """Where the tensor's bytes end, from the start of the file."""
+        return self.base + self._offsets(name)[1]
 
     def tensor(self, name: str) -> torch.Tensor:
         # Checked again on what this open of the file says (it may have been replaced since
@@ -412,8 +517,7 @@ class _Reader:
         ):
             raise _bad(self.path, "its header changed while it was read")
         if size:
-            self.f.seek(self.base + begin)
-            view = (ctypes.c_ubyte * size).from_address(t.data_ptr())
-            if self.f.readinto(view) != size:
+            view = memoryview((ctypes.c_ubyte * size).from_address(t.data_ptr())).cast("B")
+            if self.fill(self.base + begin, view) != size:
                 raise _bad(self.path, f"tensor {name} is cut short")
         return t

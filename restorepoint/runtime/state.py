@@ -30,7 +30,15 @@ import torch
 from .._posix import fsync_dir
 from ..errors import IncompatibleRestorePoint, StorageError
 from .safe_load import safe_load
-from .snapshot_file import is_snapshot_file, read_snapshot_file, storable, write_snapshot_file
+from .snapshot_file import (
+    Held,
+    is_snapshot_file,
+    is_snapshot_head,
+    read_snapshot_file,
+    read_snapshot_held,
+    storable,
+    write_snapshot_file,
+)
 
 __all__ = [
     "STATE_FORMAT",
@@ -113,13 +121,45 @@ def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
     fsync_dir(target.parent)
 
 
-def read_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) -> Any:
+def read_state(
+    path: Path,
+    *,
+    extra_globals: Sequence[Callable[..., Any]] = (),
+    held: Mapping[Path, Held] | None = None,
+) -> Any:
     """One snapshot file as it lies (a rank file still names its shared state): a snapshot
     file is parsed (JSON and safetensors, no unpickler), an older torch.save file goes to the
-    weights-only loader (``safe_load``, with ``extra_globals``)."""
+    weights-only loader (``safe_load``, with ``extra_globals``). A file in ``held`` (an import
+    in memory: its verified bytes by the path the file will have) is read from there."""
+    data = None if held is None else held.get(path)
+    if data is not None:
+        if not is_snapshot_head(data.read(0, 9)):
+            # An older release's pickle: the weights-only loader reads files, so the import's
+            # copy is read once it is in place.
+            raise _NotHeld
+        return read_snapshot_held(str(path), data)
     if is_snapshot_file(path):
         return read_snapshot_file(path)
     return safe_load(path, extra_globals=extra_globals)
+
+
+class _NotHeld(Exception):
+    """A held file that only a file can be read as (an older pickle)."""
+
+
+def held_or_files(
+    path: Path,
+    held: Mapping[Path, Held] | None,
+    land: Callable[[], None],
+    extra_globals: Sequence[Callable[..., Any]] = (),
+) -> Any:
+    """``load_state`` from the held bytes; when they hold an older release's pickle, ``land``
+    (the import's copy moved into place) and load the files."""
+    try:
+        return load_state(path, extra_globals=extra_globals, held=held)
+    except _NotHeld:
+        land()
+        return load_state(path, extra_globals=extra_globals)
 
 
 def _no_space(exc: BaseException | None) -> bool:
@@ -205,10 +245,16 @@ def remove_other_shared(directory: Path, keep: str) -> None:
                 path.unlink()
 
 
-def load_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) -> Any:
+def load_state(
+    path: Path,
+    *,
+    extra_globals: Sequence[Callable[..., Any]] = (),
+    held: Mapping[Path, Held] | None = None,
+) -> Any:
     """A rank's (or a single process's) snapshot file (``read_state``), with the shared state
-    it names merged back in; the shared file must be the same run's at the same position."""
-    state = read_state(path, extra_globals=extra_globals)
+    it names merged back in; the shared file must be the same run's at the same position.
+    ``held``: files of an import in memory, read from there (``read_state``)."""
+    state = read_state(path, extra_globals=extra_globals, held=held)
     ref = state.get("shared") if isinstance(state, dict) else None
     if ref is None:
         return state
@@ -219,7 +265,7 @@ def load_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) 
             "refusing to resume: the snapshot names its shared state wrongly", url=str(path)
         )
     try:
-        common = read_state(path.parent / name, extra_globals=extra_globals)
+        common = read_state(path.parent / name, extra_globals=extra_globals, held=held)
     except FileNotFoundError:
         raise IncompatibleRestorePoint(
             f"refusing to resume: the shared state {name} the snapshot names is missing",

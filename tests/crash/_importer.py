@@ -22,9 +22,9 @@ def main(argv: list[str]) -> int:
     url, dest, linger = argv[0], argv[1], float(argv[2])
     force = "--force" in argv[3:]
     if "--no-exchange" in argv[3:]:
-        from restorepoint.ops import unpack
+        from restorepoint.ops import _staging
 
-        unpack.rename_exchange = lambda a, b: False
+        _staging.rename_exchange = lambda a, b: False
     print("ready", flush=True)
     restorepoint.import_restore_point(url, dest, force=force)
     print("imported", flush=True)

@@ -33,11 +33,11 @@ from restorepoint import (
     IncompatibleRestorePoint,
     StorageError,
 )
-from restorepoint.ops import unpack
+from restorepoint.ops import _staging, unpack
 from restorepoint.testing.store import payload
 
 CHUNK = 65536
-LEFTOVER_MARKS = (unpack.STAGING_MARK, unpack.OLD_MARK)
+LEFTOVER_MARKS = (unpack.STAGING_MARK, _staging.OLD_MARK)
 
 
 def make_tree(root: Path, files: dict[str, bytes]) -> Path:
@@ -185,7 +185,7 @@ def test_force_replaces_with_exactly_the_new_tree(
     (dest / "sub").mkdir()
     (dest / "sub" / "stale.txt").write_bytes(b"must not survive")
     if not exchange:
-        monkeypatch.setattr(unpack, "rename_exchange", lambda a, b: False)
+        monkeypatch.setattr(_staging, "rename_exchange", lambda a, b: False)
     restorepoint.import_restore_point(rp, dest, force=True)
     # Exactly the new tree: nothing of the old one merged in, no leftover beside it.
     assert files_of(dest) == SOURCE_FILES
@@ -196,7 +196,7 @@ def test_exchange_is_really_available_here(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     make_tree(a, {"from-a": b"a"})
     make_tree(b, {"from-b": b"b"})
-    if not unpack.rename_exchange(str(a), str(b)):
+    if not _staging.rename_exchange(str(a), str(b)):
         pytest.skip("renameat2(RENAME_EXCHANGE) is not supported on this file system")
     assert os.listdir(a) == ["from-b"] and os.listdir(b) == ["from-a"]
 
@@ -206,7 +206,7 @@ def test_fallback_puts_the_old_tree_back_when_the_second_rename_fails(
 ) -> None:
     dest = out / "ckpt"
     old = old_tree(dest)
-    monkeypatch.setattr(unpack, "rename_exchange", lambda a, b: False)
+    monkeypatch.setattr(_staging, "rename_exchange", lambda a, b: False)
     real_rename = os.rename
 
     def failing_rename(src: Any, dst: Any) -> None:
@@ -439,10 +439,10 @@ def _leftover(parent: Path, dest_name: str, mark: str, host: str, pid: int) -> P
 def test_leftovers_of_gone_importers_are_removed(rp: str, out: Path) -> None:
     host = socket.gethostname().replace("/", "_") or "host"
     dead = _dead_pid()
-    day_ago = time.time() - unpack.STALE_AFTER_S - 3600
+    day_ago = time.time() - _staging.STALE_AFTER_S - 3600
     removed = [
         _leftover(out, "ckpt", unpack.STAGING_MARK, host, dead),
-        _leftover(out, "ckpt", unpack.OLD_MARK, host, dead),
+        _leftover(out, "ckpt", _staging.OLD_MARK, host, dead),
         _leftover(out, "ckpt", unpack.STAGING_MARK, "elsewhere-1", 123),
     ]
     os.utime(removed[2], (day_ago, day_ago))

@@ -268,3 +268,18 @@ def test_a_refusal_marker_keeps_exit_3_through_a_launcher(
     (d / "stopped-0-of-2.json").unlink()
     (d / "refused-x-of-2.json").write_text("{}")
     assert not ended_by_refusal(d) and resumable_exit(1, d) == 1
+
+
+def test_an_unreadable_restore_point_leaves_no_refusal_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 1 (a restore point that could not be read) is not a refusal: no marker, and a
+    launcher's 1 stays 1."""
+    from restorepoint.errors import IntegrityError
+
+    d = tmp_path / "stop"
+    d.mkdir()
+    monkeypatch.setenv(STOP_DIR_ENV, str(d))
+    monkeypatch.delenv(READY_ENV, raising=False)
+    report_refusal(IntegrityError("last.pt: payload digest differs"))
+    assert list(d.iterdir()) == [] and resumable_exit(1, d) == 1

@@ -21,25 +21,35 @@ snapshot needs: the last snapshot's size, or before the first one the tracked st
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from .._posix import atomic_write
 from ..errors import RestorePointError
 from ..format import PartRef, Position
+from ..ops._source import InMemory
 from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.resumed import ResumeMarker
 from ..ops.store import KeepBest
 from .contract import POSITION_FILE, RunDirectory
-from .state import remove_other_shared, save_state, shared_file, split_shared, state_digest
+from .snapshot_file import SnapshotImage
+from .state import (
+    SnapshotSave,
+    remove_other_shared,
+    save_state,
+    shared_file,
+    split_shared,
+    state_digest,
+)
 from .worker import Snapshot
 
 __all__ = ["LOW_SPACE_FACTOR", "Publisher", "json_line", "rank_file", "state_bytes"]
@@ -78,6 +88,20 @@ def json_line(doc: Mapping[str, Any]) -> bytes:
 def rank_file(rank: int, world: int) -> str:
     """The name of a rank's snapshot file in ``checkpoints/``."""
     return "last.pt" if world == 1 else f"last.rank{rank}.pt"
+
+
+class _Bytes:
+    """A small payload file in memory (the position sidecar)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def open(self) -> BinaryIO:
+        return io.BytesIO(self.data)
 
 
 class Publisher:
@@ -153,10 +177,10 @@ class Publisher:
         try:
             if self.world > 1:
                 self._save_and_publish_part(snap)
-                return
-            self._save(snap, self.directory.checkpoints / self.rank_file(), snap.state)
-            if self.store is not None:
-                self._publish(snap)
+            elif self.store is None:
+                self._save(snap, self.directory.checkpoints / self.rank_file(), snap.state)
+            else:
+                self._publish_and_save(snap)
         except Exception as exc:
             step = snap.position.step
             log.warning("snapshot at step %d failed: %s", step, exc)
@@ -203,7 +227,26 @@ class Publisher:
             need=need,
         )
 
-    def _publish(self, snap: Snapshot) -> None:
+    def _publish_and_save(self, snap: Snapshot) -> None:
+        """One process with a store: the restore point is packed straight from the snapshot's
+        copy in memory, each byte read once (hashed, encoded and written to the store), and
+        the snapshot file is written to the run directory in the same pass; it is put in
+        place (fsync, rename) once the publish is done, or, where that pass did not write it
+        whole (the publish failed), written whole then. The payload is the same as a pack of
+        the run directory after the save: ``last.pt`` and the position sidecar, in memory, in
+        the place of the directory's older ones (spec section 26)."""
+        target = self.directory.checkpoints / self.rank_file()
+        self._check_space(snap, target, snap.state)
+        position = json_line(snap.position.to_dict())
+        save = SnapshotSave(SnapshotImage(dict(snap.state)), target, self.directory.path)
+        try:
+            self._publish(snap, {target.name: save, POSITION_FILE: _Bytes(position)})
+            save.finish()
+        finally:
+            save.discard()
+        atomic_write(target.parent / POSITION_FILE, position)
+
+    def _publish(self, snap: Snapshot, memory: Mapping[str, InMemory] | None = None) -> None:
         started = time.perf_counter()
         step = snap.position.step
         try:
@@ -214,6 +257,7 @@ class Publisher:
                 self.options,
                 keep_last=self.keep_last,
                 keep_best=self.keep_best,
+                memory=memory,
             )
         except RestorePointError as exc:
             self.uploads.append({"ok": False, "step": step, "error": str(exc)})

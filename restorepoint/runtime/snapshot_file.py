@@ -20,13 +20,14 @@ once, with the dtype and shape the file records for it.
 from __future__ import annotations
 
 import ctypes
+import io
 import json
 import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -36,6 +37,8 @@ from ..format.limits import MAX_SAFE_INTEGER
 
 __all__ = [
     "SNAPSHOT_FORMAT",
+    "ImageReader",
+    "SnapshotImage",
     "is_snapshot_file",
     "read_snapshot_file",
     "storable",
@@ -190,42 +193,121 @@ def _encode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:  # noqa: PLR09
     raise _refuse("", value)  # storable() refused it already where the state was taken
 
 
-def write_snapshot_file(state: Any, path: Path) -> None:
-    """Write ``state`` (as ``storable`` returned it) to ``path``; the caller fsyncs and renames.
+class SnapshotImage:
+    """A snapshot file's bytes as they lie in memory: the header, made once, and each tensor's
+    memory in file order. The one layout of the snapshot file: ``write`` puts it in a file,
+    ``open`` reads it as a stream (what a publish packs straight from the snapshot's copy in
+    memory, with no file written and read back first), and both give the same bytes.
 
-    The safetensors layout is written here rather than by safetensors' own writer, which
-    needs numpy (torch's CPU wheel runs without it): an 8-byte little-endian header length,
-    the header (canonical JSON, padded with spaces to a multiple of 8), then each tensor's
-    bytes, written from its memory without a copy, widest dtype first so that every tensor
-    starts aligned to its element size, and no gap between them."""
-    tensors: dict[str, torch.Tensor] = {}
-    try:
-        structure = canonical_dumps(_encode(state, tensors)).decode("utf-8")
-    except CanonicalizationError as exc:
-        raise UsageError(f"cannot snapshot: {exc}") from None
-    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), int(n)))
-    header: dict[str, Any] = {"__metadata__": {"format": SNAPSHOT_FORMAT, "structure": structure}}
-    offset = 0
-    for name in order:
-        t = tensors[name]
-        size = t.numel() * t.element_size()
-        header[name] = {
-            "data_offsets": [offset, offset + size],
-            "dtype": DTYPES[t.dtype],
-            "shape": list(t.shape),
+    The safetensors layout is made here rather than by safetensors' own writer, which needs
+    numpy (torch's CPU wheel runs without it): an 8-byte little-endian header length, the
+    header (canonical JSON, padded with spaces to a multiple of 8), then each tensor's bytes,
+    read from its memory without a copy, widest dtype first so that every tensor starts
+    aligned to its element size, and no gap between them."""
+
+    def __init__(self, state: Any) -> None:
+        """The image of ``state`` (as ``storable`` returned it); the tensors are referred to,
+        not copied: they must not change while the image is read."""
+        tensors: dict[str, torch.Tensor] = {}
+        try:
+            structure = canonical_dumps(_encode(state, tensors)).decode("utf-8")
+        except CanonicalizationError as exc:
+            raise UsageError(f"cannot snapshot: {exc}") from None
+        order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), int(n)))
+        header: dict[str, Any] = {
+            "__metadata__": {"format": SNAPSHOT_FORMAT, "structure": structure}
         }
-        offset += size
-    raw = canonical_dumps(header)
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
+        offset = 0
+        #: (address, size) of each tensor's bytes, in file order; the empty ones left out.
+        self.regions: list[tuple[int, int]] = []
         for name in order:
             t = tensors[name]
             size = t.numel() * t.element_size()
+            header[name] = {
+                "data_offsets": [offset, offset + size],
+                "dtype": DTYPES[t.dtype],
+                "shape": list(t.shape),
+            }
+            offset += size
             if size:
-                # A view of the tensor's memory (contiguous, on the CPU: storable made it so).
-                f.write((ctypes.c_ubyte * size).from_address(t.data_ptr()))
+                # Contiguous, on the CPU: storable made it so.
+                self.regions.append((t.data_ptr(), size))
+        raw = canonical_dumps(header)
+        raw += b" " * (-len(raw) % 8)
+        self.head = len(raw).to_bytes(8, "little") + raw
+        #: The file's size in bytes.
+        self.size = len(self.head) + offset
+        # Held, so that the memory the regions name stays the tensors'.
+        self._tensors = tensors
+
+    def write(self, f: BinaryIO) -> None:
+        """The whole file into ``f``, each tensor from its memory (no copy)."""
+        f.write(self.head)
+        for address, size in self.regions:
+            f.write((ctypes.c_ubyte * size).from_address(address))
+
+    def open(self, tee: BinaryIO | None = None) -> ImageReader:
+        """The file's bytes as a stream read from memory; with ``tee``, every byte read is
+        also written there, in order (the snapshot file written in the same pass)."""
+        return ImageReader(self, tee)
+
+
+class ImageReader(io.RawIOBase):
+    """A snapshot image read in order, each read one copy out of the tensors' memory. A
+    failed write to the tee (a full disk) ends the tee, never the read: ``tee_error`` says
+    why, and ``teed`` whether every byte went to it."""
+
+    def __init__(self, image: SnapshotImage, tee: BinaryIO | None) -> None:
+        super().__init__()
+        self._pieces: list[tuple[int, int] | bytes] = [image.head, *image.regions]
+        self._image = image
+        self._piece = 0
+        self._at = 0
+        self._done = 0
+        self._tee = tee
+        self.tee_error: OSError | None = None
+
+    @property
+    def teed(self) -> bool:
+        """Whether the tee holds the whole file."""
+        return self._tee is not None and self.tee_error is None and self._done == self._image.size
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1, /) -> bytes:
+        want = self._image.size - self._done if n is None or n < 0 else n
+        out: list[bytes] = []
+        got = 0
+        while got < want and self._piece < len(self._pieces):
+            piece = self._pieces[self._piece]
+            length = len(piece) if isinstance(piece, bytes) else piece[1]
+            take = min(want - got, length - self._at)
+            if isinstance(piece, bytes):
+                out.append(piece[self._at : self._at + take])
+            else:
+                out.append(ctypes.string_at(piece[0] + self._at, take))
+            got += take
+            self._at += take
+            if self._at == length:
+                self._piece += 1
+                self._at = 0
+        data = out[0] if len(out) == 1 else b"".join(out)
+        self._done += len(data)
+        if self._tee is not None and self.tee_error is None and data:
+            try:
+                self._tee.write(data)
+            except OSError as exc:
+                self.tee_error = exc
+        return data
+
+
+def write_snapshot_file(state: Any, path: Path) -> None:
+    """Write ``state`` (as ``storable`` returned it) to ``path`` (``SnapshotImage.write``);
+    the caller fsyncs and renames."""
+    image = SnapshotImage(state)
+    with open(path, "wb") as f:
+        image.write(f)
 
 
 # -- reading -----------------------------------------------------------------------------------

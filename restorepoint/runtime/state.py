@@ -23,17 +23,24 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import torch
 
 from .._posix import fsync_dir
 from ..errors import IncompatibleRestorePoint, StorageError
 from .safe_load import safe_load
-from .snapshot_file import is_snapshot_file, read_snapshot_file, storable, write_snapshot_file
+from .snapshot_file import (
+    ImageReader,
+    SnapshotImage,
+    is_snapshot_file,
+    read_snapshot_file,
+    storable,
+)
 
 __all__ = [
     "STATE_FORMAT",
+    "SnapshotSave",
     "load_state",
     "read_state",
     "remove_other_shared",
@@ -94,23 +101,71 @@ def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
     """A snapshot file written to a temporary file in ``scratch`` (on the same file system,
     outside the checkpoints a pack may be reading), fsync, rename over ``target``, fsync of
     its directory."""
-    tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
-    try:
-        write_snapshot_file(dict(state), tmp)
-        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+    SnapshotSave(SnapshotImage(dict(state)), target, scratch).finish()
+
+
+class SnapshotSave:
+    """The one way a snapshot file reaches the run directory: written to a temporary file in
+    ``scratch`` (on the same file system, outside the checkpoints a pack may be reading), then
+    fsync, rename over ``target``, fsync of its directory, so that a kill at any moment leaves
+    the previous file or the new one, never a torn one, and a failure leaves no litter.
+
+    The file is written either in the same pass as a publish reads the snapshot from memory
+    (``open``: the image's stream, each byte read also written to the temporary file), or
+    whole by ``finish`` where that pass did not write every byte (it failed, or never ran)."""
+
+    def __init__(self, image: SnapshotImage, target: Path, scratch: Path) -> None:
+        self.image = image
+        self.target = target
+        self.tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
+        self._file: BinaryIO | None = None
+        self._reader: ImageReader | None = None
+
+    @property
+    def size(self) -> int:
+        return self.image.size
+
+    def open(self) -> BinaryIO:
+        """The snapshot file's bytes, read from memory; the first stream opened also writes
+        them to the temporary file (a full disk ends that write, never the read)."""
+        if self._file is not None:
+            return cast(BinaryIO, self.image.open())
+        self._file = open(self.tmp, "wb")  # noqa: SIM115 - closed by finish() or discard()
+        self._reader = self.image.open(tee=self._file)
+        return cast(BinaryIO, self._reader)
+
+    def finish(self) -> None:
+        """The file in place: what the pass wrote, or the whole file written now; then
+        fsync, rename, fsync of the directory. StorageError on a full disk."""
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException as exc:
-        # No litter, and the previous file untouched (docs/reliability.md, "Full disks").
+            if self._file is None or self._reader is None or not self._reader.teed:
+                with contextlib.suppress(OSError):
+                    self._close()  # a partial write, of a pass that failed: written again
+                self._file = open(self.tmp, "wb")  # noqa: SIM115
+                self.image.write(self._file)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._close()
+            os.replace(self.tmp, self.target)
+        except BaseException as exc:
+            # No litter, and the previous file untouched (docs/reliability.md, "Full disks").
+            self.discard()
+            if _no_space(exc):
+                raise StorageError("no space left on the device", url=str(self.target)) from exc
+            raise
+        fsync_dir(self.target.parent)
+
+    def discard(self) -> None:
+        """Close and remove the temporary file; never raises."""
         with contextlib.suppress(OSError):
-            tmp.unlink()
-        if _no_space(exc):
-            raise StorageError("no space left on the device", url=str(target)) from exc
-        raise
-    fsync_dir(target.parent)
+            self._close()
+        with contextlib.suppress(OSError):
+            self.tmp.unlink()
+
+    def _close(self) -> None:
+        f, self._file, self._reader = self._file, None, None
+        if f is not None:
+            f.close()
 
 
 def read_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) -> Any:

@@ -1,8 +1,11 @@
 """A ResumableRun's way out: save each snapshot to the run directory, then publish it to the
 store, on the snapshot worker's thread (docs/adapters.md, "Snapshots and signals").
 
-- One process: the snapshot is saved whole (``last.pt`` and the position sidecar), then
-  published as one restore point through ``ops.publish``.
+- One process: the snapshot is published as one restore point through ``ops.publish``, packed
+  straight from its copy in memory (each byte read once: hashed, encoded and written to the
+  store), and ``last.pt`` is written to the run directory in the same pass, put in place
+  (fsync, rename) after the publish, then the position sidecar. Without a store it is saved
+  only.
 - With a process group: every rank saves and publishes its own part, rank 0 also the part the
   ranks hold alike, and rank 0 commits once every part is in (spec section 25). Every rank
   takes part in every collective whatever fails on the way, so a failure leaves no commit and

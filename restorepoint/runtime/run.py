@@ -81,6 +81,7 @@ from .identity import RECOVERY_KEYS, operational_keys, run_id_for, snapshot_inte
 from .publish import Publisher, rank_file
 from .resume_from import RUNTIME_HINTS, display, gate_handed, handed, store_snapshot
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
+from .snapshot_file import Buffers
 from .state import STATE_FORMAT, load_state, read_state, rng_state, set_rng, to_cpu
 from .stop import end_stop, finish_uploads, stop
 from .worker import Snapshot, SnapshotWorker
@@ -226,8 +227,13 @@ class ResumableRun:
         )
         #: Each publish's outcome, newest last (rank 0 with a process group).
         self.uploads = self.publisher.uploads
+        # The previous snapshot's copy, reused by the next one (its pages already faulted in:
+        # the pause is a copy, not an allocation).
+        self._buffers = Buffers()
         self.worker: SnapshotWorker[Snapshot] = SnapshotWorker(
-            self.publisher.save_and_publish, nice=background_nice
+            self.publisher.save_and_publish,
+            nice=background_nice,
+            done=lambda snap: self._buffers.give(snap.state),
         )
 
     # -- what this run is -----------------------------------------------------------------------
@@ -391,6 +397,7 @@ class ResumableRun:
         try:
             self._finish_uploads()
         finally:
+            self._buffers.close()
             end_stop(self)
             self.flags.restore()
             if self.publisher.marker is not None:
@@ -734,14 +741,14 @@ class ResumableRun:
             "format": STATE_FORMAT,
             "identity": self.identity,
             "objects": {
-                name: to_cpu(obj.state_dict(), f"objects[{name!r}]")
+                name: to_cpu(obj.state_dict(), f"objects[{name!r}]", self._buffers)
                 for name, obj in self.objects.items()
             },
             "operational_keys": self.operational,
             "position": self.position.to_dict(),
             "rank": self._rank,
             "resubmit_count": self._resubmits,
-            "rng": to_cpu(rng_state()),
+            "rng": to_cpu(rng_state(), buffers=self._buffers),
             "run": self.run_id,
             "world_size": self._world,
         }

@@ -1,7 +1,9 @@
 """What a snapshot holds, and how it is written: the tracked objects' state dicts and the RNG
 states copied to CPU memory (the only pause of training), written as a snapshot file (tensors
 in safetensors, the rest canonical JSON: ``snapshot_file``, spec section 26) to a temporary
-file, fsynced and renamed over ``last.pt`` (a kill leaves the old file or the new one). The
+file, fsynced and renamed over ``last.pt`` (a kill leaves the old file or the new one):
+``SnapshotSave``, whether the file is written on its own or in the pass of a publish that
+packs the snapshot from memory. The
 names stay those of the torch.save files before them; a snapshot file is told from an older
 pickle by its first bytes, and only an older one goes to the weights-only loader.
 
@@ -31,6 +33,7 @@ from .._posix import fsync_dir
 from ..errors import IncompatibleRestorePoint, StorageError
 from .safe_load import safe_load
 from .snapshot_file import (
+    Buffers,
     ImageReader,
     SnapshotImage,
     is_snapshot_file,
@@ -58,11 +61,11 @@ STATE_FORMAT = "restorepoint.torch/1"
 _SHARED_NAME = re.compile(r"shared-[0-9a-f]{16}\.pt")
 
 
-def to_cpu(value: Any, where: str = "") -> Any:
+def to_cpu(value: Any, where: str = "", buffers: Buffers | None = None) -> Any:
     """A copy with every tensor copied to contiguous CPU memory: what a snapshot pauses for.
     A value a snapshot cannot store is refused here, when the snapshot is taken (UsageError
     naming its key path and type), never pickled."""
-    return storable(value, where)
+    return storable(value, where, buffers=buffers)
 
 
 def rng_state() -> dict[str, Any]:

@@ -42,8 +42,17 @@ class SnapshotWorker(Generic[T]):
     """Runs ``handle`` for each snapshot submitted, on one background thread. ``handle`` must
     not raise (a failed snapshot never stops training): the caller records its failures."""
 
-    def __init__(self, handle: Callable[[T], None], *, nice: int | None = 19) -> None:
+    def __init__(
+        self,
+        handle: Callable[[T], None],
+        *,
+        nice: int | None = 19,
+        done: Callable[[T], None] | None = None,
+    ) -> None:
         self._handle = handle
+        #: Called with each snapshot once nothing reads it any more (handled, or coalesced
+        #: away): its memory may be reused.
+        self._done = done
         self._nice = nice
         self._pending: queue.Queue[T | None] = queue.Queue(maxsize=1)
         # Snapshots handed over and not yet handled (a coalesced one counts once).
@@ -83,9 +92,12 @@ class SnapshotWorker(Generic[T]):
         with self._cv:
             # Coalesce: a snapshot still waiting is replaced by the newer one.
             try:
-                self._pending.get_nowait()
+                replaced = self._pending.get_nowait()
             except queue.Empty:
                 self._outstanding += 1
+            else:
+                if replaced is not None:
+                    self._release(replaced)
             self._pending.put(snap)
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -119,6 +131,14 @@ class SnapshotWorker(Generic[T]):
                     "a snapshot's publish failed unexpectedly: %s: %s", type(exc).__name__, exc
                 )
             finally:
+                self._release(snap)
                 with self._cv:
                     self._outstanding -= 1
                     self._cv.notify_all()
+
+    def _release(self, snap: T) -> None:
+        if self._done is not None:
+            try:
+                self._done(snap)
+            except Exception as exc:  # pragma: no cover - a bug; training goes on
+                log.error("releasing a snapshot failed: %s: %s", type(exc).__name__, exc)

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
 import restorepoint  # noqa: E402
 from restorepoint.runtime.contract import POSITION_FILE  # noqa: E402
-from restorepoint.runtime.snapshot_file import SnapshotImage  # noqa: E402
+from restorepoint.runtime.snapshot_file import Buffers, SnapshotImage  # noqa: E402
 from restorepoint.runtime.state import SnapshotSave, load_state, to_cpu  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 
@@ -200,3 +200,43 @@ def test_a_kill_during_the_in_memory_publish_keeps_the_previous_restore_point(
     ) as run:
         run.track(model=model)
         assert run.resume().step == 1
+
+
+def test_each_snapshot_is_copied_into_the_memory_of_the_last_one_done(tmp_path: Path) -> None:
+    # A buffer given back is what the next copy of its dtype and shape goes into; one taken
+    # is not handed out twice.
+    buffers = Buffers()
+    first = buffers.take(torch.arange(10.0))
+    buffers.give({"w": [first], "n": 1})
+    again = buffers.take(torch.arange(10.0) * 2)
+    assert again.data_ptr() == first.data_ptr()
+    assert torch.equal(again, torch.arange(10.0) * 2)
+    other = buffers.take(torch.arange(10.0) * 3)
+    assert other.data_ptr() != again.data_ptr()
+    assert buffers.take(torch.ones(3, dtype=torch.int64)).dtype == torch.int64
+    buffers.close()
+    buffers.give({"w": other})
+    assert buffers.take(torch.arange(10.0)).data_ptr() != other.data_ptr()
+
+    # In a run: snapshots taken while the one before is still being published, the weights
+    # changed between them; each restore point holds the weights of its own snapshot.
+    model = torch.nn.Linear(256, 256)
+    store = f"{tmp_path / 'store'}/"
+    expected: dict[int, torch.Tensor] = {}
+    with ResumableRun(CONFIG, run_dir=tmp_path / "run", store=store, final_snapshot=False) as run:
+        run.track(model=model)
+        for step in range(1, 5):
+            run.commit()
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            expected[step] = model.weight.detach().clone()
+            run.snapshot(wait=step % 2 == 0)
+        run.wait()
+        urls = {u["step"]: u["url"] for u in run.uploads if u["ok"]}
+    assert 2 in urls and 4 in urls  # a snapshot taken while one was in hand may be coalesced
+    for step, url in urls.items():
+        dest = tmp_path / f"import-{step}"
+        restorepoint.import_restore_point(url, dest)
+        state = load_state(dest / "last.pt")
+        assert state["position"]["step"] == step
+        assert torch.equal(state["objects"]["model"]["weight"], expected[step]), step

@@ -3,9 +3,8 @@ store, on the snapshot worker's thread (docs/adapters.md, "Snapshots and signals
 
 - One process: the snapshot is published as one restore point through ``ops.publish``, packed
   straight from its copy in memory (each byte read once: hashed, encoded and written to the
-  store), and ``last.pt`` is written to the run directory in the same pass, put in place
-  (fsync, rename) after the publish, then the position sidecar. Without a store it is saved
-  only.
+  store), then ``last.pt`` is written to the run directory from the same memory (temporary
+  file, fsync, rename), then the position sidecar. Without a store it is saved only.
 - With a process group: every rank saves and publishes its own part, rank 0 also the part the
   ranks hold alike, and rank 0 commits once every part is in (spec section 25). Every rank
   takes part in every collective whatever fails on the way, so a failure leaves no commit and
@@ -46,8 +45,8 @@ from ..ops.store import KeepBest
 from .contract import POSITION_FILE, RunDirectory
 from .snapshot_file import SnapshotImage
 from .state import (
-    SnapshotSave,
     remove_other_shared,
+    save_image,
     save_state,
     shared_file,
     split_shared,
@@ -232,21 +231,20 @@ class Publisher:
 
     def _publish_and_save(self, snap: Snapshot) -> None:
         """One process with a store: the restore point is packed straight from the snapshot's
-        copy in memory, each byte read once (hashed, encoded and written to the store), and
-        the snapshot file is written to the run directory in the same pass; it is put in
-        place (fsync, rename) once the publish is done, or, where that pass did not write it
-        whole (the publish failed), written whole then. The payload is the same as a pack of
-        the run directory after the save: ``last.pt`` and the position sidecar, in memory, in
-        the place of the directory's older ones (spec section 26)."""
+        copy in memory, each byte read once (hashed, encoded and written to the store), then
+        the snapshot file is written from the same memory to the run directory (temporary
+        file, fsync, rename), whether the publish succeeded or not, then its position sidecar.
+        The payload is the same as a pack of the run directory after the save: ``last.pt``
+        and the position sidecar, from memory, in the place of the directory's older ones
+        (spec section 26). The save comes after the publish, not in the same pass: two
+        streams of writes to one disk slow the publish (measured, docs/performance.md), and
+        what the store holds is what counts first."""
         target = self.directory.checkpoints / self.rank_file()
         self._check_space(snap, target, snap.state)
         position = json_line(snap.position.to_dict())
-        save = SnapshotSave(SnapshotImage(dict(snap.state)), target, self.directory.path)
-        try:
-            self._publish(snap, {target.name: save, POSITION_FILE: _Bytes(position)})
-            save.finish()
-        finally:
-            save.discard()
+        image = SnapshotImage(dict(snap.state))
+        self._publish(snap, {target.name: image, POSITION_FILE: _Bytes(position)})
+        save_image(image, target, self.directory.path)
         atomic_write(target.parent / POSITION_FILE, position)
 
     def _publish(self, snap: Snapshot, memory: Mapping[str, InMemory] | None = None) -> None:

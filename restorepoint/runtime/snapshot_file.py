@@ -28,7 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import torch
 
@@ -307,60 +307,52 @@ class SnapshotImage:
         for address, size in self.regions:
             f.write((ctypes.c_ubyte * size).from_address(address))
 
-    def open(self, tee: BinaryIO | None = None) -> ImageReader:
-        """The file's bytes as a stream read from memory; with ``tee``, every byte read is
-        also written there, in order (the snapshot file written in the same pass)."""
-        return ImageReader(self, tee)
+    def open(self) -> BinaryIO:
+        """The file's bytes as a stream read from memory."""
+        return cast(BinaryIO, ImageReader(self))
 
 
 class ImageReader(io.RawIOBase):
-    """A snapshot image read in order, each read one copy out of the tensors' memory. A
-    failed write to the tee (a full disk) ends the tee, never the read: ``tee_error`` says
-    why, and ``teed`` whether every byte went to it."""
+    """A snapshot image read in order, each read one copy out of the tensors' memory."""
 
-    def __init__(self, image: SnapshotImage, tee: BinaryIO | None) -> None:
+    def __init__(self, image: SnapshotImage) -> None:
         super().__init__()
         self._pieces: list[tuple[int, int] | bytes] = [image.head, *image.regions]
+        self._size = image.size
         self._image = image
         self._piece = 0
         self._at = 0
         self._done = 0
-        self._tee = tee
-        self.tee_error: OSError | None = None
-
-    @property
-    def teed(self) -> bool:
-        """Whether the tee holds the whole file."""
-        return self._tee is not None and self.tee_error is None and self._done == self._image.size
 
     def readable(self) -> bool:
         return True
 
     def read(self, n: int = -1, /) -> bytes:
-        want = self._image.size - self._done if n is None or n < 0 else n
-        out: list[bytes] = []
+        want = min(self._size - self._done, self._size if n is None or n < 0 else n)
+        if want <= 0:
+            return b""
+        # One buffer, filled piece by piece: one copy of each byte, whatever tensors the read
+        # spans (measured: a third less CPU than a copy per piece joined). A bytearray is
+        # bytes-like to everything the pack does with a chunk (hashing, encoding, writing),
+        # and nothing changes it once it is handed over.
+        out = bytearray(want)
+        base = ctypes.addressof((ctypes.c_char * want).from_buffer(out))
         got = 0
-        while got < want and self._piece < len(self._pieces):
+        while got < want:
             piece = self._pieces[self._piece]
             length = len(piece) if isinstance(piece, bytes) else piece[1]
             take = min(want - got, length - self._at)
             if isinstance(piece, bytes):
-                out.append(piece[self._at : self._at + take])
+                out[got : got + take] = piece[self._at : self._at + take]
             else:
-                out.append(ctypes.string_at(piece[0] + self._at, take))
+                ctypes.memmove(base + got, piece[0] + self._at, take)
             got += take
             self._at += take
             if self._at == length:
                 self._piece += 1
                 self._at = 0
-        data = out[0] if len(out) == 1 else b"".join(out)
-        self._done += len(data)
-        if self._tee is not None and self.tee_error is None and data:
-            try:
-                self._tee.write(data)
-            except OSError as exc:
-                self.tee_error = exc
-        return data
+        self._done += want
+        return out  # type: ignore[return-value]
 
 
 def write_snapshot_file(state: Any, path: Path) -> None:

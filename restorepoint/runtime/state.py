@@ -2,8 +2,7 @@
 states copied to CPU memory (the only pause of training), written as a snapshot file (tensors
 in safetensors, the rest canonical JSON: ``snapshot_file``, spec section 26) to a temporary
 file, fsynced and renamed over ``last.pt`` (a kill leaves the old file or the new one):
-``SnapshotSave``, whether the file is written on its own or in the pass of a publish that
-packs the snapshot from memory. The
+``save_image``, also after a publish that packed the snapshot from memory. The
 names stay those of the torch.save files before them; a snapshot file is told from an older
 pickle by its first bytes, and only an older one goes to the weights-only loader.
 
@@ -25,7 +24,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any
 
 import torch
 
@@ -34,7 +33,6 @@ from ..errors import IncompatibleRestorePoint, StorageError
 from .safe_load import safe_load
 from .snapshot_file import (
     Buffers,
-    ImageReader,
     SnapshotImage,
     is_snapshot_file,
     read_snapshot_file,
@@ -43,11 +41,11 @@ from .snapshot_file import (
 
 __all__ = [
     "STATE_FORMAT",
-    "SnapshotSave",
     "load_state",
     "read_state",
     "remove_other_shared",
     "rng_state",
+    "save_image",
     "save_state",
     "set_rng",
     "shared_file",
@@ -101,74 +99,31 @@ def set_rng(state: Mapping[str, Any]) -> None:
 
 
 def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
-    """A snapshot file written to a temporary file in ``scratch`` (on the same file system,
-    outside the checkpoints a pack may be reading), fsync, rename over ``target``, fsync of
-    its directory."""
-    SnapshotSave(SnapshotImage(dict(state)), target, scratch).finish()
+    """``state`` (as ``storable`` returned it) saved as a snapshot file (``save_image``)."""
+    save_image(SnapshotImage(dict(state)), target, scratch)
 
 
-class SnapshotSave:
-    """The one way a snapshot file reaches the run directory: written to a temporary file in
-    ``scratch`` (on the same file system, outside the checkpoints a pack may be reading), then
-    fsync, rename over ``target``, fsync of its directory, so that a kill at any moment leaves
-    the previous file or the new one, never a torn one, and a failure leaves no litter.
-
-    The file is written either in the same pass as a publish reads the snapshot from memory
-    (``open``: the image's stream, each byte read also written to the temporary file), or
-    whole by ``finish`` where that pass did not write every byte (it failed, or never ran)."""
-
-    def __init__(self, image: SnapshotImage, target: Path, scratch: Path) -> None:
-        self.image = image
-        self.target = target
-        self.tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
-        self._file: BinaryIO | None = None
-        self._reader: ImageReader | None = None
-
-    @property
-    def size(self) -> int:
-        return self.image.size
-
-    def open(self) -> BinaryIO:
-        """The snapshot file's bytes, read from memory; the first stream opened also writes
-        them to the temporary file (a full disk ends that write, never the read)."""
-        if self._file is not None:
-            return cast(BinaryIO, self.image.open())
-        self._file = open(self.tmp, "wb")  # noqa: SIM115 - closed by finish() or discard()
-        self._reader = self.image.open(tee=self._file)
-        return cast(BinaryIO, self._reader)
-
-    def finish(self) -> None:
-        """The file in place: what the pass wrote, or the whole file written now; then
-        fsync, rename, fsync of the directory. StorageError on a full disk."""
-        try:
-            if self._file is None or self._reader is None or not self._reader.teed:
-                with contextlib.suppress(OSError):
-                    self._close()  # a partial write, of a pass that failed: written again
-                self._file = open(self.tmp, "wb")  # noqa: SIM115
-                self.image.write(self._file)
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._close()
-            os.replace(self.tmp, self.target)
-        except BaseException as exc:
-            # No litter, and the previous file untouched (docs/reliability.md, "Full disks").
-            self.discard()
-            if _no_space(exc):
-                raise StorageError("no space left on the device", url=str(self.target)) from exc
-            raise
-        fsync_dir(self.target.parent)
-
-    def discard(self) -> None:
-        """Close and remove the temporary file; never raises."""
+def save_image(image: SnapshotImage, target: Path, scratch: Path) -> None:
+    """The one way a snapshot file reaches the run directory: written from memory to a
+    temporary file in ``scratch`` (on the same file system, outside the checkpoints a pack may
+    be reading), fsync, rename over ``target``, fsync of its directory, so that a kill at any
+    moment leaves the previous file or the new one, never a torn one, and a failure leaves no
+    litter. StorageError on a full disk."""
+    tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            image.write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        # No litter, and the previous file untouched (docs/reliability.md, "Full disks").
         with contextlib.suppress(OSError):
-            self._close()
-        with contextlib.suppress(OSError):
-            self.tmp.unlink()
-
-    def _close(self) -> None:
-        f, self._file, self._reader = self._file, None, None
-        if f is not None:
-            f.close()
+            tmp.unlink()
+        if _no_space(exc):
+            raise StorageError("no space left on the device", url=str(target)) from exc
+        raise
+    fsync_dir(target.parent)
 
 
 def read_state(path: Path, *, extra_globals: Sequence[Callable[..., Any]] = ()) -> Any:

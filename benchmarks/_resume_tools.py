@@ -245,7 +245,11 @@ class Cycle:
             t0 = time.perf_counter()
             run.snapshot()
             self.out["pause_s"] = time.perf_counter() - t0
-            self.background(t0, lambda: run.wait(timeout=0))
+            # Published: the store holds it (the upload is recorded); the run then writes
+            # last.pt to its run directory from memory, timed apart.
+            self.background(t0, lambda: bool(run.uploads) or run.wait(timeout=0))
+            run.wait()
+            self.out["saved_s"] = time.perf_counter() - t0
             upload = run.uploads[-1] if run.uploads else {}
             if not upload.get("ok"):
                 raise RuntimeError(f"the publish failed: {upload}")

@@ -15,6 +15,8 @@ store, every tool in a seeded shuffled order (ours, a peer, ..., then the next r
 
 - **save**: the pause (training stopped), then a fixed compute loop (a 384x384 matmul chain on
   one torch thread) runs until the checkpoint is published; published = in the store, complete.
+  Ours then also writes its run directory's ``last.pt`` (for a resume on the same machine),
+  from memory: when that is in place is printed as "last.pt saved".
   restorepoint hashes (sha256 of every byte, recorded in the index) and compresses on the way;
   the peers do neither.
 - **resume**: a fresh start of the same model: from nothing in the run directory to the end
@@ -165,7 +167,12 @@ def measure_size(
                         f"  {size / (1 << 30):.3g} GiB {kind:5} round {r} {tool:15}"
                         f" pause {cycle.out['pause_s']:7.3f} s  published"
                         f" {cycle.out['published_s']:7.3f} s  resume {cycle.out['resume_s']:7.3f} s"
-                        f"  (load {cycle.out['load_resume']:.2f})",
+                        + (
+                            f"  last.pt saved {cycle.out['saved_s']:7.3f} s"
+                            if "saved_s" in cycle.out
+                            else ""
+                        )
+                        + f"  (load {cycle.out['load_resume']:.2f})",
                         file=sys.stderr,
                         flush=True,
                     )

@@ -3,8 +3,9 @@ store, on the snapshot worker's thread (docs/adapters.md, "Snapshots and signals
 
 - One process: the snapshot is published as one restore point through ``ops.publish``, packed
   straight from its copy in memory (each byte read once: hashed, encoded and written to the
-  store), then ``last.pt`` is written to the run directory from the same memory (temporary
-  file, fsync, rename), then the position sidecar. Without a store it is saved only.
+  store), while ``last.pt`` is written to the run directory from the same memory on a thread
+  of its own (temporary file, fsync, rename), then the position sidecar. Without a store it is
+  saved only.
 - With a process group: every rank saves and publishes its own part, rank 0 also the part the
   ranks hold alike, and rank 0 commits once every part is in (spec section 25). Every rank
   takes part in every collective whatever fails on the way, so a failure leaves no commit and
@@ -27,6 +28,7 @@ import io
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -231,20 +233,36 @@ class Publisher:
 
     def _publish_and_save(self, snap: Snapshot) -> None:
         """One process with a store: the restore point is packed straight from the snapshot's
-        copy in memory, each byte read once (hashed, encoded and written to the store), then
-        the snapshot file is written from the same memory to the run directory (temporary
-        file, fsync, rename), whether the publish succeeded or not, then its position sidecar.
-        The payload is the same as a pack of the run directory after the save: ``last.pt``
-        and the position sidecar, from memory, in the place of the directory's older ones
-        (spec section 26). The save comes after the publish, not in the same pass: two
-        streams of writes to one disk slow the publish (measured, docs/performance.md), and
-        what the store holds is what counts first."""
+        copy in memory, each byte read once (hashed, encoded and written to the store), while
+        a thread of its own writes the snapshot file from the same memory to the run directory
+        (temporary file, fsync, rename), then its position sidecar. The payload is the same as
+        a pack of the run directory after the save: ``last.pt`` and the position sidecar, from
+        memory, in the place of the directory's older ones (spec section 26).
+
+        Side by side, neither waits for the other: the publish does not wait for a write and
+        fsync of the whole state first, and the run directory gets its snapshot however slow
+        the store is (a stop whose upload times out still leaves ``last.pt``). The save
+        thread is started from this one, so it runs at the background's priority."""
         target = self.directory.checkpoints / self.rank_file()
         self._check_space(snap, target, snap.state)
         position = json_line(snap.position.to_dict())
         image = SnapshotImage(dict(snap.state))
-        self._publish(snap, {target.name: image, POSITION_FILE: _Bytes(position)})
-        save_image(image, target, self.directory.path)
+        failed: list[BaseException] = []
+
+        def save() -> None:
+            try:
+                save_image(image, target, self.directory.path)
+            except BaseException as exc:  # handed to the worker's thread below
+                failed.append(exc)
+
+        saver = threading.Thread(target=save, name="rp-save", daemon=True)
+        saver.start()
+        try:
+            self._publish(snap, {target.name: image, POSITION_FILE: _Bytes(position)})
+        finally:
+            saver.join()
+        if failed:
+            raise failed[0]
         atomic_write(target.parent / POSITION_FILE, position)
 
     def _publish(self, snap: Snapshot, memory: Mapping[str, InMemory] | None = None) -> None:

@@ -84,7 +84,7 @@ from .signals import SignalFlags, default_stop_signals, ignore_in_worker
 from .snapshot_file import Buffers
 from .state import STATE_FORMAT, load_state, read_state, rng_state, set_rng, to_cpu
 from .stop import end_stop, finish_uploads, stop
-from .worker import Snapshot, SnapshotWorker
+from .worker import DEFAULT_NICE, Snapshot, SnapshotWorker
 
 __all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
 
@@ -124,7 +124,7 @@ class ResumableRun:
         final_snapshot: bool | None = None,
         upload_timeout: float = 300.0,
         background_threads: int = 1,
-        background_nice: int | None = 19,
+        background_nice: int | None = DEFAULT_NICE,
         trainer: tuple[str, str] | None = None,
         terms: Mapping[str, str] | None = None,
         cache_keys: Mapping[str, str]

@@ -167,9 +167,8 @@ def test_the_first_snapshot_is_checked_against_the_state_size(
 def test_with_a_store_a_full_run_directory_does_not_keep_the_snapshot_from_the_store(
     disk: Path, tmp_path: Path
 ) -> None:
-    """The restore point is packed from memory and published first: the snapshot file written
-    after it meets the full disk, the publish does not; the save fails as before (named, no
-    litter)."""
+    """The restore point is packed from memory: the snapshot file written beside the publish
+    meets the full disk, the publish does not; the save fails as before (named, no litter)."""
     store = f"{tmp_path / 'store'}/"
     run_dir = disk / "run"
     ballast = Ballast(6 * MiB)

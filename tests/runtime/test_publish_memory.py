@@ -1,7 +1,7 @@
 """ResumableRun publishes a snapshot straight from its copy in memory (no snapshot file written
 and read back before the pack): the restore point's payload is the one a pack of the run
 directory gives, file for file and digest for digest (spec section 26); the snapshot file the
-publish then writes to the run directory from the same memory is that payload's ``last.pt``,
+publish writes to the run directory from the same memory is that payload's ``last.pt``,
 and a publish that fails still leaves it whole; a SIGKILL in the middle of the in-memory
 publish leaves the store's previous restore point the newest, verifying, and the run
 directory's previous snapshot whole; each snapshot is copied into the last one's memory.

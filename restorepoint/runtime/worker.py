@@ -10,8 +10,8 @@ back where the process may raise it (root, or RLIMIT_NICE).
 The default is a CPU share, not the lowest priority there is (``DEFAULT_NICE``): the kernel
 weighs a thread at nice +10 at 110 against 1024 for one at nice 0, so wherever the background
 competes with a training thread for a core it takes at most about a tenth of that core, and
-wherever other processes keep every core busy it still gets about a tenth of a core for each
-of them it shares one with. At nice +19 (weight 15) it got a seventh of that: on a loaded
+wherever other processes keep every core busy it still gets about a tenth of what each of
+them gets. At nice +19 (weight 15) it got a seventh of that: on a loaded
 machine a 1 GiB publish took minutes (docs/performance.md).
 """
 

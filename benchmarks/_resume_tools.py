@@ -23,6 +23,8 @@ MATMUL = 384
 BASELINE_STEPS = 15
 #: A background publish that takes longer than this is reported as not finished.
 LIMIT_S = 900.0
+#: ResumableRun's own default background priority.
+DEFAULT = "default"
 
 
 def load() -> float:
@@ -224,13 +226,15 @@ class Cycle:
         self.out["load_resume"] = load()
 
     # restorepoint: ResumableRun, its defaults (zstd level 1 as codec planes, one background
-    # thread at nice +19), publishing to the store.
-    def _run(self, tag: str, run_dir: Path, nice: int | None = 19) -> Any:
+    # thread at its default nice), publishing to the store; ``nice`` other than DEFAULT sets
+    # background_nice.
+    def _run(self, tag: str, run_dir: Path, nice: int | str | None = DEFAULT) -> Any:
         from restorepoint.torch import ResumableRun
 
+        extra = {} if nice == DEFAULT else {"background_nice": nice}
         return ResumableRun(
             {"bench": "resume", "tag": tag},
-            background_nice=nice,
+            **extra,
             run_dir=run_dir,
             store=self.store.url("rp") + "/",
             storage_options=self.store.options,
@@ -238,13 +242,17 @@ class Cycle:
             upload_timeout=LIMIT_S,
         )
 
-    def save_restorepoint(self, tag: str, nice: int | None = 19) -> None:
+    def save_restorepoint(self, tag: str, nice: int | str | None = DEFAULT) -> None:
         with self._run(tag, self.work / f"run-{tag}", nice) as run:
             run.track(model=self.model, optimizer=self.optimizer)
             t0 = time.perf_counter()
             run.snapshot()
             self.out["pause_s"] = time.perf_counter() - t0
-            self.background(t0, lambda: run.wait(timeout=0))
+            # Published: the store holds it (the upload is recorded); the run then writes
+            # last.pt to its run directory from memory, timed apart.
+            self.background(t0, lambda: bool(run.uploads) or run.wait(timeout=0))
+            run.wait()
+            self.out["saved_s"] = time.perf_counter() - t0
             upload = run.uploads[-1] if run.uploads else {}
             if not upload.get("ok"):
                 raise RuntimeError(f"the publish failed: {upload}")
@@ -273,10 +281,20 @@ class Cycle:
 
     resume_restorepoint_nice0 = resume_restorepoint
 
+    def save_restorepoint_nice5(self, tag: str) -> None:
+        self.save_restorepoint(tag, 5)
+
+    resume_restorepoint_nice5 = resume_restorepoint
+
     def save_restorepoint_nice10(self, tag: str) -> None:
         self.save_restorepoint(tag, 10)
 
     resume_restorepoint_nice10 = resume_restorepoint
+
+    def save_restorepoint_nice19(self, tag: str) -> None:
+        self.save_restorepoint(tag, 19)
+
+    resume_restorepoint_nice19 = resume_restorepoint
 
     # torch.save + fsync to the local disk, then s3fs put (on a thread: training goes on).
     def _state(self) -> dict[str, Any]:

@@ -72,7 +72,7 @@ from ..runtime.contract import (
 )
 from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
 from ..runtime.stop import stop_message
-from ..runtime.worker import SnapshotWorker
+from ..runtime.worker import DEFAULT_NICE, SnapshotWorker
 from ..storage import store_deadline
 from ..trust import Trust
 
@@ -171,7 +171,7 @@ class AccelerateRun:
         exit_on_refusal: bool = True,
         stop_signals: Sequence[int | str] | None = None,
         upload_timeout: float = 300.0,
-        background_nice: int | None = 19,
+        background_nice: int | None = DEFAULT_NICE,
         **pack_options: Any,
     ) -> None:
         self.accelerator = accelerator

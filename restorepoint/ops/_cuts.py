@@ -11,9 +11,11 @@ since every chunk is named by its sha256."""
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 import zipfile
+from collections.abc import Callable
 from typing import BinaryIO
 
 __all__ = ["GROUP", "cuts_for"]
@@ -25,11 +27,19 @@ MAX_TABLE = 64 << 20
 _LOCAL = struct.Struct("<4s5H3L2H")
 
 
-def cuts_for(path: str, size: int, chunk_size: int) -> list[int] | None:
-    """The starts of chunks 1..n-1 of the file at ``path``, or None for fixed chunks."""
+def cuts_for(
+    path: str, size: int, chunk_size: int, opener: Callable[[], BinaryIO] | None = None
+) -> list[int] | None:
+    """The starts of chunks 1..n-1 of the file at ``path`` (or of the file in memory that
+    ``opener`` streams: a safetensors header is read from its start, which is the runtime's
+    snapshot), or None for fixed chunks."""
     try:
-        with open(path, "rb") as f:
-            spans = _zip_spans(f, size) or _safetensors_spans(f, size)
+        if opener is not None:
+            with opener() as stream:
+                spans = _safetensors_spans(io.BytesIO(_header_of(stream, size)), size)
+        else:
+            with open(path, "rb") as f:
+                spans = _zip_spans(f, size) or _safetensors_spans(f, size)
     except (OSError, ValueError, zipfile.BadZipFile, struct.error, RecursionError):
         return None
     if not spans:
@@ -41,6 +51,28 @@ def cuts_for(path: str, size: int, chunk_size: int) -> list[int] | None:
         cuts.extend(range(start, end, chunk_size))
         start = end
     return cuts[1:] or None
+
+
+def _header_of(stream: BinaryIO, size: int) -> bytes:
+    """The first bytes of a stream read once: the length prefix and, where it names a
+    plausible safetensors header, the header (at most MAX_TABLE)."""
+    prefix = _read_exactly(stream, min(8, size))
+    if len(prefix) < 8:
+        return prefix
+    (length,) = struct.unpack("<Q", prefix)
+    if not 2 <= length <= min(MAX_TABLE, size - 8):
+        return prefix
+    return prefix + _read_exactly(stream, length)
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        got = stream.read(n - len(out))
+        if not got:
+            break
+        out += got
+    return bytes(out)
 
 
 def _zip_spans(f: BinaryIO, size: int) -> list[tuple[int, int]]:

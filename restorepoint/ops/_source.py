@@ -1,31 +1,52 @@
 """The pack source: a directory (packed recursively) or one file, listed before any byte is
-read so that every path rule is checked up front and sizes are known."""
+read so that every path rule is checked up front and sizes are known; and files whose bytes
+are in memory (``InMemory``: a runtime's snapshot), which take the place of the directory's
+file of the same payload path, so that what is in memory is packed without being written to
+a file and read back first."""
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import BinaryIO, Protocol
 
 from ..errors import MalformedManifest, NotFound, SourceError
 from ..format import check_paths
 
-__all__ = ["SourceFile", "list_source"]
+__all__ = ["InMemory", "SourceFile", "list_source"]
+
+
+class InMemory(Protocol):
+    """A payload file's bytes in memory: its size, and a stream that reads them once."""
+
+    @property
+    def size(self) -> int: ...
+
+    def open(self) -> BinaryIO: ...
 
 
 @dataclass(frozen=True)
 class SourceFile:
     path: str  # payload path: relative, "/"-separated
-    location: str  # where to read it
+    location: str  # where to read it (for an in-memory file: where it stands in for)
     size: int
+    #: The stream of an in-memory file; None: open ``location``.
+    opener: Callable[[], BinaryIO] | None = None
 
 
-def list_source(source: str, include: Sequence[str] | None = None) -> list[SourceFile]:
+def list_source(
+    source: str,
+    include: Sequence[str] | None = None,
+    memory: Mapping[str, InMemory] | None = None,
+) -> list[SourceFile]:
     """Every regular file under ``source`` in payload order. Symbolic links are followed only
     when they lead to a regular file inside the source; anything else that is not a regular
-    file (a link out of the source, a FIFO, a device, a socket) is refused. ``include``, when
-    given, keeps only those payload paths (an adapter's snapshot files)."""
+    file (a link out of the source, a FIFO, a device, a socket) is refused. ``memory``: payload
+    files read from memory, in the place of the source's file of the same path (or beside the
+    source's files); ``source`` is then a directory. ``include``, when given, keeps only those
+    payload paths (an adapter's snapshot files)."""
     try:
         st = os.stat(source)
     except FileNotFoundError:
@@ -38,6 +59,13 @@ def list_source(source: str, include: Sequence[str] | None = None) -> list[Sourc
         files = _walk(source)
     else:
         raise SourceError("the source is neither a regular file nor a directory", url=source)
+    if memory:
+        if not stat.S_ISDIR(st.st_mode):
+            raise SourceError("files from memory go into a directory source", url=source)
+        files = [f for f in files if f.path not in memory] + [
+            SourceFile(path, os.path.join(source, path), item.size, item.open)
+            for path, item in memory.items()
+        ]
     if include is not None:
         wanted = set(include)
         files = [f for f in files if f.path in wanted]

@@ -37,7 +37,7 @@ from ..storage import Location, deadline_left, resolve
 from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
 from ._cuts import cuts_for
 from ._naming import entry_name, is_store_url
-from ._source import SourceFile, list_source
+from ._source import InMemory, SourceFile, list_source
 from .spec import (
     CODECS,
     DEFAULT_CODEC,
@@ -215,10 +215,12 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
     include: Sequence[str] | None = None,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    memory: Mapping[str, InMemory] | None = None,
 ) -> PackResult:
     """``pack`` with the head and the options as values (what ``publish`` and every
     integration call): the head was validated when ``spec`` was made; each call writes a
-    restore point of its own (a fresh id and time, unless the spec fixes them)."""
+    restore point of its own (a fresh id and time, unless the spec fixes them). ``memory``:
+    payload files read from memory in the place of the source directory's (``list_source``)."""
     started = time.perf_counter()
     head = replace(spec.head(), chunk_size=options.chunk_size)
     codec, level, sign, encrypt_to = options.codec, options.level, options.sign, options.encrypt_to
@@ -227,7 +229,7 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
         head = replace(
             head, required_features=tuple(sorted({*head.required_features, chosen.feature}))
         )
-    files = list_source(os.fspath(source), include)
+    files = list_source(os.fspath(source), include, memory)
     total = sum(f.size for f in files)
     if on_start is not None:
         on_start(total)
@@ -363,8 +365,12 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
             writer.begin()
             for item in files:
                 # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
-                cuts = cuts_for(item.location, item.size, head.chunk_size) if named else None
-                _add(writer, item.path, item.location, item.size, cuts)
+                cuts = (
+                    cuts_for(item.location, item.size, head.chunk_size, item.opener)
+                    if named
+                    else None
+                )
+                _add(writer, item, cuts)
             written = writer.finish()
         except BaseException:
             writer.abort()
@@ -372,12 +378,12 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
     return written
 
 
-def _add(
-    writer: Writer, path: str, location: str, size: int, cuts: list[int] | None = None
-) -> None:
-    """One source file into the writer; its read errors are the source's, not the store's."""
+def _add(writer: Writer, item: SourceFile, cuts: list[int] | None = None) -> None:
+    """One source file into the writer; its read errors are the source's, not the store's.
+    A file in memory is read from there, through the same writer (one pass, one owner)."""
+    path, location, size = item.path, item.location, item.size
     try:
-        stream = open(location, "rb", buffering=0)  # noqa: SIM115
+        stream = item.opener() if item.opener is not None else open(location, "rb", buffering=0)  # noqa: SIM115
     except OSError as exc:
         raise SourceError(f"cannot open ({exc.strerror})", url=location) from None
     with stream:

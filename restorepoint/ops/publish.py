@@ -16,7 +16,7 @@ payload is packed and where the bytes go.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from ..errors import IntegrityError, RestorePointError, UsageError
 from ..format import Manifest
 from ..storage import Location, resolve
 from ._naming import entry_name, is_store_url
+from ._source import InMemory
 from .handoff import handoff_document, write_handoff
 from .pack import PackResult, pack_spec
 from .spec import HeadSpec, PackOptions
@@ -74,6 +75,7 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     parts_verified: bool = False,
+    memory: Mapping[str, InMemory] | None = None,
 ) -> PublishResult:
     """Publish ``source`` (or its files ``include``) as a restore point of ``head``: into the
     store ``dest`` (a URL ending in "/"), create-only under its store name, or at the URL
@@ -83,7 +85,9 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     say). A failed pack raises and prunes nothing; a failed prune is returned in
     ``prune_error``. ``parts_verified``: the new restore point is a commit whose ranks read
     back and verified their own parts; the prune checks its parts up to the payload only.
-    ``keep_best`` (a store only): the prune also keeps the run's best by a metric (19.5)."""
+    ``keep_best`` (a store only): the prune also keeps the run's best by a metric (19.5).
+    ``memory``: payload files whose bytes are in memory, packed in the place of the source
+    directory's files of the same paths (a runtime's snapshot, with no file read back)."""
     into_store = is_store_url(dest)
     if keep_last is not None and not into_store:
         raise UsageError("--keep-last needs a store DEST (a URL ending in /)")
@@ -105,9 +109,10 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
         include=include,
         progress=progress,
         on_start=on_start,
+        memory=memory,
     )
     if result.manifest.bases:
-        result = _verified_or_full(result, source, location, head, options, include)
+        result = _verified_or_full(result, source, location, head, options, include, memory)
     # Everything about the published restore point is out before pruning starts: a prune
     # that fails must not hide what was published.
     if handoff is not None:
@@ -137,6 +142,7 @@ def _verified_or_full(  # noqa: PLR0913, PLR0917 - the publish's source, store, 
     head: HeadSpec,
     options: PackOptions,
     include: Sequence[str] | None,
+    memory: Mapping[str, InMemory] | None = None,
 ) -> PackResult:
     """An incremental restore point is verified through its references before anything is
     handed off (spec section 28.4): a base that changed or vanished since its index was read
@@ -153,5 +159,6 @@ def _verified_or_full(  # noqa: PLR0913, PLR0917 - the publish's source, store, 
             replace(options, incremental=False),
             into_store=True,
             include=include,
+            memory=memory,
         )
     return result

@@ -1,8 +1,11 @@
 """A ResumableRun's way out: save each snapshot to the run directory, then publish it to the
 store, on the snapshot worker's thread (docs/adapters.md, "Snapshots and signals").
 
-- One process: the snapshot is saved whole (``last.pt`` and the position sidecar), then
-  published as one restore point through ``ops.publish``.
+- One process: the snapshot is published as one restore point through ``ops.publish``, packed
+  straight from its copy in memory (each byte read once: hashed, encoded and written to the
+  store), while ``last.pt`` is written to the run directory from the same memory on a thread
+  of its own (temporary file, fsync, rename), then the position sidecar. Without a store it is
+  saved only.
 - With a process group: every rank saves and publishes its own part, rank 0 also the part the
   ranks hold alike, and rank 0 commits once every part is in (spec section 25). Every rank
   takes part in every collective whatever fails on the way, so a failure leaves no commit and
@@ -21,25 +24,36 @@ snapshot needs: the last snapshot's size, or before the first one the tracked st
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from .._posix import atomic_write
 from ..errors import RestorePointError
 from ..format import PartRef, Position
+from ..ops._source import InMemory
 from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.resumed import ResumeMarker
 from ..ops.store import KeepBest
 from .contract import POSITION_FILE, RunDirectory
-from .state import remove_other_shared, save_state, shared_file, split_shared, state_digest
+from .snapshot_file import SnapshotImage
+from .state import (
+    remove_other_shared,
+    save_image,
+    save_state,
+    shared_file,
+    split_shared,
+    state_digest,
+)
 from .worker import Snapshot
 
 __all__ = ["LOW_SPACE_FACTOR", "Publisher", "json_line", "rank_file", "state_bytes"]
@@ -78,6 +92,20 @@ def json_line(doc: Mapping[str, Any]) -> bytes:
 def rank_file(rank: int, world: int) -> str:
     """The name of a rank's snapshot file in ``checkpoints/``."""
     return "last.pt" if world == 1 else f"last.rank{rank}.pt"
+
+
+class _Bytes:
+    """A small payload file in memory (the position sidecar)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def open(self) -> BinaryIO:
+        return io.BytesIO(self.data)
 
 
 class Publisher:
@@ -153,10 +181,10 @@ class Publisher:
         try:
             if self.world > 1:
                 self._save_and_publish_part(snap)
-                return
-            self._save(snap, self.directory.checkpoints / self.rank_file(), snap.state)
-            if self.store is not None:
-                self._publish(snap)
+            elif self.store is None:
+                self._save(snap, self.directory.checkpoints / self.rank_file(), snap.state)
+            else:
+                self._publish_and_save(snap)
         except Exception as exc:
             step = snap.position.step
             log.warning("snapshot at step %d failed: %s", step, exc)
@@ -203,7 +231,41 @@ class Publisher:
             need=need,
         )
 
-    def _publish(self, snap: Snapshot) -> None:
+    def _publish_and_save(self, snap: Snapshot) -> None:
+        """One process with a store: the restore point is packed straight from the snapshot's
+        copy in memory, each byte read once (hashed, encoded and written to the store), while
+        a thread of its own writes the snapshot file from the same memory to the run directory
+        (temporary file, fsync, rename), then its position sidecar. The payload is the same as
+        a pack of the run directory after the save: ``last.pt`` and the position sidecar, from
+        memory, in the place of the directory's older ones (spec section 26).
+
+        Side by side, neither waits for the other: the publish does not wait for a write and
+        fsync of the whole state first, and the run directory gets its snapshot however slow
+        the store is (a stop whose upload times out still leaves ``last.pt``). The save
+        thread is started from this one, so it runs at the background's priority."""
+        target = self.directory.checkpoints / self.rank_file()
+        self._check_space(snap, target, snap.state)
+        position = json_line(snap.position.to_dict())
+        image = SnapshotImage(dict(snap.state))
+        failed: list[BaseException] = []
+
+        def save() -> None:
+            try:
+                save_image(image, target, self.directory.path)
+            except BaseException as exc:  # handed to the worker's thread below
+                failed.append(exc)
+
+        saver = threading.Thread(target=save, name="rp-save", daemon=True)
+        saver.start()
+        try:
+            self._publish(snap, {target.name: image, POSITION_FILE: _Bytes(position)})
+        finally:
+            saver.join()
+        if failed:
+            raise failed[0]
+        atomic_write(target.parent / POSITION_FILE, position)
+
+    def _publish(self, snap: Snapshot, memory: Mapping[str, InMemory] | None = None) -> None:
         started = time.perf_counter()
         step = snap.position.step
         try:
@@ -214,6 +276,7 @@ class Publisher:
                 self.options,
                 keep_last=self.keep_last,
                 keep_best=self.keep_best,
+                memory=memory,
             )
         except RestorePointError as exc:
             self.uploads.append({"ok": False, "step": step, "error": str(exc)})

@@ -81,6 +81,7 @@ from .identity import RECOVERY_KEYS, operational_keys, run_id_for, snapshot_inte
 from .publish import Publisher, rank_file
 from .resume_from import RUNTIME_HINTS, Landing, display, gate_handed, handed, store_snapshot
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
+from .snapshot_file import Buffers
 from .state import (
     STATE_FORMAT,
     held_or_files,
@@ -91,7 +92,7 @@ from .state import (
     to_cpu,
 )
 from .stop import end_stop, finish_uploads, stop
-from .worker import Snapshot, SnapshotWorker
+from .worker import DEFAULT_NICE, Snapshot, SnapshotWorker
 
 __all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
 
@@ -110,7 +111,7 @@ class ResumableRun:
     # The public constructor: keyword-only options, each documented in docs/adapters.md. They
     # are grouped into the values the parts take (the local view, PackOptions, the worker)
     # here, once.
-    def __init__(  # noqa: PLR0913 - public API: ResumableRun's documented keyword options (docs/adapters.md)
+    def __init__(  # noqa: PLR0913, PLR0915 - public API: ResumableRun's documented keyword options (docs/adapters.md)
         self,
         config: Mapping[str, Any] | str | os.PathLike[str],
         *,
@@ -131,7 +132,7 @@ class ResumableRun:
         final_snapshot: bool | None = None,
         upload_timeout: float = 300.0,
         background_threads: int = 1,
-        background_nice: int | None = 19,
+        background_nice: int | None = DEFAULT_NICE,
         trainer: tuple[str, str] | None = None,
         terms: Mapping[str, str] | None = None,
         cache_keys: Mapping[str, str]
@@ -239,8 +240,13 @@ class ResumableRun:
         )
         #: Each publish's outcome, newest last (rank 0 with a process group).
         self.uploads = self.publisher.uploads
+        # The previous snapshot's copy, reused by the next one (its pages already faulted in:
+        # the pause is a copy, not an allocation).
+        self._buffers = Buffers()
         self.worker: SnapshotWorker[Snapshot] = SnapshotWorker(
-            self.publisher.save_and_publish, nice=background_nice
+            self.publisher.save_and_publish,
+            nice=background_nice,
+            done=lambda snap: self._buffers.give(snap.state),
         )
 
     # -- what this run is -----------------------------------------------------------------------
@@ -407,6 +413,7 @@ class ResumableRun:
         try:
             self._finish_uploads()
         finally:
+            self._buffers.close()
             end_stop(self)
             self.flags.restore()
             if self.publisher.marker is not None:
@@ -774,14 +781,14 @@ class ResumableRun:
             "format": STATE_FORMAT,
             "identity": self.identity,
             "objects": {
-                name: to_cpu(obj.state_dict(), f"objects[{name!r}]")
+                name: to_cpu(obj.state_dict(), f"objects[{name!r}]", self._buffers)
                 for name, obj in self.objects.items()
             },
             "operational_keys": self.operational,
             "position": self.position.to_dict(),
             "rank": self._rank,
             "resubmit_count": self._resubmits,
-            "rng": to_cpu(rng_state()),
+            "rng": to_cpu(rng_state(), buffers=self._buffers),
             "run": self.run_id,
             "world_size": self._world,
         }

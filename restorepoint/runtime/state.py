@@ -1,7 +1,8 @@
 """What a snapshot holds, and how it is written: the tracked objects' state dicts and the RNG
 states copied to CPU memory (the only pause of training), written as a snapshot file (tensors
 in safetensors, the rest canonical JSON: ``snapshot_file``, spec section 26) to a temporary
-file, fsynced and renamed over ``last.pt`` (a kill leaves the old file or the new one). The
+file, fsynced and renamed over ``last.pt`` (a kill leaves the old file or the new one):
+``save_image``, also after a publish that packed the snapshot from memory. The
 names stay those of the torch.save files before them; a snapshot file is told from an older
 pickle by its first bytes, and only an older one goes to the weights-only loader.
 
@@ -31,13 +32,14 @@ from .._posix import fsync_dir
 from ..errors import IncompatibleRestorePoint, StorageError
 from .safe_load import safe_load
 from .snapshot_file import (
+    Buffers,
     Held,
+    SnapshotImage,
     is_snapshot_file,
     is_snapshot_head,
     read_snapshot_file,
     read_snapshot_held,
     storable,
-    write_snapshot_file,
 )
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "read_state",
     "remove_other_shared",
     "rng_state",
+    "save_image",
     "save_state",
     "set_rng",
     "shared_file",
@@ -59,11 +62,11 @@ STATE_FORMAT = "restorepoint.torch/1"
 _SHARED_NAME = re.compile(r"shared-[0-9a-f]{16}\.pt")
 
 
-def to_cpu(value: Any, where: str = "") -> Any:
+def to_cpu(value: Any, where: str = "", buffers: Buffers | None = None) -> Any:
     """A copy with every tensor copied to contiguous CPU memory: what a snapshot pauses for.
     A value a snapshot cannot store is refused here, when the snapshot is taken (UsageError
     naming its key path and type), never pickled."""
-    return storable(value, where)
+    return storable(value, where, buffers=buffers)
 
 
 def rng_state() -> dict[str, Any]:
@@ -99,17 +102,22 @@ def set_rng(state: Mapping[str, Any]) -> None:
 
 
 def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
-    """A snapshot file written to a temporary file in ``scratch`` (on the same file system,
-    outside the checkpoints a pack may be reading), fsync, rename over ``target``, fsync of
-    its directory."""
+    """``state`` (as ``storable`` returned it) saved as a snapshot file (``save_image``)."""
+    save_image(SnapshotImage(dict(state)), target, scratch)
+
+
+def save_image(image: SnapshotImage, target: Path, scratch: Path) -> None:
+    """The one way a snapshot file reaches the run directory: written from memory to a
+    temporary file in ``scratch`` (on the same file system, outside the checkpoints a pack may
+    be reading), fsync, rename over ``target``, fsync of its directory, so that a kill at any
+    moment leaves the previous file or the new one, never a torn one, and a failure leaves no
+    litter. StorageError on a full disk."""
     tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
     try:
-        write_snapshot_file(dict(state), tmp)
-        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with open(tmp, "wb") as f:
+            image.write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException as exc:
         # No litter, and the previous file untouched (docs/reliability.md, "Full disks").

@@ -83,7 +83,14 @@ def stop_line(
     """The one line a stop prints: what was asked, at which step, where the state at the stop
     went, and the exit code."""
     unsaved = run.publisher.save_errors.get(run.step) if finished else None
-    if unsaved is not None:
+    url = upload.get("url") if upload is not None and upload.get("ok") else None
+    if unsaved is not None and url is not None:
+        # Published from memory, and the run directory's copy failed after it (a full disk).
+        where = (
+            f"restore point published to {url} (the snapshot was not saved in "
+            f"{run.directory.checkpoints}: {unsaved})"
+        )
+    elif unsaved is not None:
         checkpoints = run.directory.checkpoints
         kept = (
             f"the previous snapshot in {checkpoints} stays the newest"
@@ -93,8 +100,8 @@ def stop_line(
         where = f"the snapshot was not saved ({unsaved}): {kept}"
     elif run.store is None:
         where = f"snapshot saved in {run.directory.checkpoints} (no store)"
-    elif upload is not None and upload.get("ok"):
-        where = f"restore point published to {upload.get('url')}"
+    elif url is not None:
+        where = f"restore point published to {url}"
     elif not finished:
         where = (
             f"the restore point did not land within upload_timeout ({run.upload_timeout:g} s): "

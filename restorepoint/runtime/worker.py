@@ -6,6 +6,13 @@ On a small machine the pack must leave the training thread a core: the thread ru
 2 cores in benchmarks/bench_torch.py: a 27 to 33% step-time slowdown became 10% or less), and
 a stop request, which makes training wait for the publish, gives it the process's priority
 back where the process may raise it (root, or RLIMIT_NICE).
+
+The default is a CPU share, not the lowest priority there is (``DEFAULT_NICE``): the kernel
+weighs a thread at nice +10 at 110 against 1024 for one at nice 0, so wherever the background
+competes with a training thread for a core it takes at most about a tenth of that core, and
+wherever other processes keep every core busy it still gets about a tenth of what each of
+them gets. At nice +19 (weight 15) it got a seventh of that: on a loaded
+machine a 1 GiB publish took minutes (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from ..format import Position
 
 log = logging.getLogger("restorepoint")
 
-__all__ = ["Snapshot", "SnapshotWorker"]
+__all__ = ["DEFAULT_NICE", "Snapshot", "SnapshotWorker"]
+
+#: The background thread's nice levels below the training thread, by default.
+DEFAULT_NICE = 10
 
 T = TypeVar("T")
 
@@ -42,8 +52,17 @@ class SnapshotWorker(Generic[T]):
     """Runs ``handle`` for each snapshot submitted, on one background thread. ``handle`` must
     not raise (a failed snapshot never stops training): the caller records its failures."""
 
-    def __init__(self, handle: Callable[[T], None], *, nice: int | None = 19) -> None:
+    def __init__(
+        self,
+        handle: Callable[[T], None],
+        *,
+        nice: int | None = DEFAULT_NICE,
+        done: Callable[[T], None] | None = None,
+    ) -> None:
         self._handle = handle
+        #: Called with a snapshot handled when no newer one waits: nothing reads it any more,
+        #: and its memory may be reused for the next.
+        self._done = done
         self._nice = nice
         self._pending: queue.Queue[T | None] = queue.Queue(maxsize=1)
         # Snapshots handed over and not yet handled (a coalesced one counts once).
@@ -120,5 +139,18 @@ class SnapshotWorker(Generic[T]):
                 )
             finally:
                 with self._cv:
+                    last = self._outstanding == 1
+                if last:
+                    # Only when no newer snapshot waits: kept beside one that does, its memory
+                    # would be a second copy of the state held while the next is published.
+                    self._release(snap)
+                with self._cv:
                     self._outstanding -= 1
                     self._cv.notify_all()
+
+    def _release(self, snap: T) -> None:
+        if self._done is not None:
+            try:
+                self._done(snap)
+            except Exception as exc:  # pragma: no cover - a bug; training goes on
+                log.error("releasing a snapshot failed: %s: %s", type(exc).__name__, exc)

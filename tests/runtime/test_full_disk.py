@@ -162,3 +162,36 @@ def test_the_first_snapshot_is_checked_against_the_state_size(
     assert out.run is not None
     assert not (out.run.run_dir / "checkpoints" / "last.pt").exists()
     assert hidden(out.run.run_dir) == []
+
+
+def test_with_a_store_a_full_run_directory_does_not_keep_the_snapshot_from_the_store(
+    disk: Path, tmp_path: Path
+) -> None:
+    """The restore point is packed from memory: the snapshot file written beside the publish
+    meets the full disk, the publish does not; the save fails as before (named, no litter)."""
+    store = f"{tmp_path / 'store'}/"
+    run_dir = disk / "run"
+    ballast = Ballast(6 * MiB)
+    with ResumableRun({"lr": 0.1}, run_dir=run_dir, store=store, final_snapshot=False) as run:
+        run.track(ballast=ballast)
+        run.commit()
+        run.snapshot(wait=True)
+        assert [u["ok"] for u in run.uploads] == [True]
+        checkpoints = run_dir / "checkpoints"
+        assert run.publisher.save_errors == {
+            1: f"{checkpoints}/last.pt: no space left on the device"
+        }
+    assert not (checkpoints / "last.pt").exists()
+    assert hidden(run_dir) == []
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("uploaded", "snapshot_failed")] == [
+        "uploaded",
+        "snapshot_failed",
+    ]
+    fresh = Ballast(6 * MiB)
+    with ResumableRun(
+        {"lr": 0.1}, run_dir=tmp_path / "fresh", store=store, final_snapshot=False
+    ) as run:
+        run.track(ballast=fresh)
+        assert run.resume().step == 1
+    assert torch.equal(fresh.w, ballast.w)

@@ -237,7 +237,7 @@ def test_status_and_events_contents(tmp_path: Path) -> None:
     assert set(by_kind) == {"snapshot", "uploaded", "graceful_shutdown"}
     assert [e["step"] for e in by_kind["snapshot"]] == [4, 6]
     assert all(e["pause_s"] >= 0 for e in by_kind["snapshot"])
-    # The worker runs at nice 19: on a loaded machine it may not have taken step 4's snapshot
+    # The worker runs at a low priority: on a loaded machine it may not have taken step 4's snapshot
     # before step 6's arrives, which then replaces it (coalesced, as designed). The last one
     # is always published before the exit.
     assert [e["step"] for e in by_kind["uploaded"]] in ([4, 6], [6])

@@ -25,6 +25,7 @@ from restorepoint.errors import StorageUnavailable, UsageError  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
 from restorepoint.ops import list_store  # noqa: E402
 from restorepoint.runtime import state as state_module  # noqa: E402
+from restorepoint.runtime.worker import DEFAULT_NICE  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 
 from . import _trainer_variants as tv  # noqa: E402
@@ -244,17 +245,17 @@ def test_second_stop_signal_during_the_copy_is_one_snapshot(tmp_path: Path) -> N
 def test_second_stop_signal_during_the_save_is_one_snapshot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_save = state_module.write_snapshot_file
+    real_save = state_module.save_image
     saves: list[str] = []
 
-    def slow_save(obj: Any, path: Path) -> None:
+    def slow_save(image: Any, path: Path, scratch: Path) -> None:
         saves.append(threading.current_thread().name)
         # From the background thread, while the main thread waits for the upload to finish.
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
-        real_save(obj, path)
+        real_save(image, path, scratch)
 
-    monkeypatch.setattr(state_module, "write_snapshot_file", slow_save)
+    monkeypatch.setattr(state_module, "save_image", slow_save)
     out = tv.train(tmp_path, before_commit=send_at({7: signal.SIGTERM}))
     monkeypatch.undo()
     assert out.code == 42
@@ -270,22 +271,22 @@ def test_second_stop_signal_during_the_save_is_one_snapshot(
 def test_signal_during_a_background_save_is_handled_at_the_next_boundary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_save = state_module.write_snapshot_file
+    real_save = state_module.save_image
     sent = threading.Event()
 
-    def slow_save(obj: Any, path: Path) -> None:
+    def slow_save(image: Any, path: Path, scratch: Path) -> None:
         if not sent.is_set():
             os.kill(os.getpid(), signal.SIGUSR1)
             sent.set()
             # Still saving step 3 while the main thread commits step 4.
             time.sleep(0.3)
-        real_save(obj, path)
+        real_save(image, path, scratch)
 
     def hook(run: ResumableRun, step: int) -> None:
         if step == 4:
             assert sent.wait(30)
 
-    monkeypatch.setattr(state_module, "write_snapshot_file", slow_save)
+    monkeypatch.setattr(state_module, "save_image", slow_save)
     config = tv.config_with(**{"train.snapshot_every": 3})
     out = tv.train(tmp_path, config=config, before_commit=hook)
     monkeypatch.undo()
@@ -650,7 +651,7 @@ def test_the_background_runs_at_low_priority_and_a_stop_publishes_at_full(
     if os.geteuid() != 0:
         pytest.skip("raising a thread's priority back needs root (or RLIMIT_NICE)")
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    low = min(19, base + 19)
+    low = min(19, base + DEFAULT_NICE)
     _, seen, before, _ = stopped_at_12(tmp_path, monkeypatch)
     assert before == [low]
     # The stop's pack runs at full priority. A periodic pack that started before the stop ran
@@ -675,7 +676,7 @@ def test_without_privilege_the_stop_still_publishes_at_low_priority(
         real(which, who, prio)
 
     monkeypatch.setattr(os, "setpriority", unprivileged)
-    low = min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 19)
+    low = min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + DEFAULT_NICE)
     out, seen, before, store = stopped_at_12(tmp_path, monkeypatch)
     assert before == [low]
     assert len(seen) >= 2 and {nice for _, nice in seen} == {low}, seen

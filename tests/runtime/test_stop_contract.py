@@ -144,7 +144,16 @@ def test_a_publish_that_cannot_land_in_time_keeps_the_previous_restore_point(
 
     monkeypatch.setattr(runtime_publish, "publish", stuck_after_the_first)
     try:
-        out = tv.train(tmp_path / "runs", config=config, store=store, stop_at=3, upload_timeout=0.5)
+        out = tv.train(
+            tmp_path / "runs",
+            config=config,
+            store=store,
+            stop_at=3,
+            upload_timeout=0.5,
+            # Step 2's snapshot handled before the stop's: on a loaded machine the stop's could
+            # otherwise replace it while it waits (coalesced), and land as the first publish.
+            before_commit=lambda run, step: run.wait() if step == 3 else None,
+        )
     finally:
         release.set()
     assert out.code == 42

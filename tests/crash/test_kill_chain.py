@@ -68,7 +68,7 @@ pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("RESTOREPOINT_CRASH_SEED", "20261227"))
 #: Fewer than the other scenarios': each trial also imports every kept restore point.
 LOCAL_TRIALS = trials(12)
-S3_TRIALS = trials(6)
+S3_TRIALS = trials(8)
 R1, R2 = "r1", "r2"
 FROZEN = (4 << 20) + 3  # the backbone every restore point of r1 holds unchanged
 TRAINED = (1 << 20) - 7  # what each step changes

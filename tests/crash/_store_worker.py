@@ -1,6 +1,8 @@
 """The process the store crash tests kill: pack into a store with keep-last 1 (the seed
 workflow of a trainer that publishes each checkpoint and keeps only the newest), or prune a
-store with keep-last 2, then stay alive until killed or LINGER seconds pass.
+store with keep-last 2, or publish an incremental restore point (spec section 28) into a store
+that holds a chain, with keep-last 1 (tests/crash/test_kill_chain.py), then stay alive until
+killed or LINGER seconds pass.
 
 Prints ``ready`` once everything but the operation itself is imported (so that the kill delay
 measures the operation, not the interpreter's start), then ``done N`` (N: restore points
@@ -8,6 +10,7 @@ deleted) when the operation returned. The new restore point's id and time are fi
 pack of one source is the same bytes under the same name.
 
     python _store_worker.py pack SOURCE STORE/ LINGER
+    python _store_worker.py incremental SOURCE STORE/ LINGER
     python _store_worker.py prune STORE/ LINGER
 
 s3:// stores reach their server through the environment (FSSPEC_S3)."""
@@ -38,6 +41,12 @@ def main(argv: list[str]) -> int:
     if verb == "pack":
         head = HeadSpec(STEP, run=RUN, rp_id=RP_ID, created=CREATED)
         done = publish(argv[1], store, head, PackOptions(chunk_size=CHUNK_SIZE), keep_last=1)
+        report = done.pruned
+        assert report is not None
+    elif verb == "incremental":
+        head = HeadSpec(STEP, run=RUN, rp_id=RP_ID, created=CREATED)
+        options = PackOptions(chunk_size=CHUNK_SIZE, incremental=True)
+        done = publish(argv[1], store, head, options, keep_last=1)
         report = done.pruned
         assert report is not None
     elif verb == "prune":

@@ -194,6 +194,37 @@ def test_a_run_of_referenced_frames_is_read_in_few_ranged_reads(
     assert reads == expected
 
 
+def test_a_publish_that_would_reuse_less_than_min_reuse_is_full_and_says_why(
+    tmp_path: Path,
+) -> None:
+    from restorepoint.ops._increment import MIN_REUSE
+
+    store = f"{tmp_path}/store/"
+    src = tmp_path / "src"
+    kept = os.urandom(MIB)  # 1 MiB of 10 kept: 10% reused, under MIN_REUSE
+    assert MIB < MIN_REUSE * 10 * MIB
+    _write(src, kept + os.urandom(8 * MIB), 1)
+    first = _publish(src, store, 1)
+    _write(src, kept + os.urandom(8 * MIB), 2)
+    second = _publish(src, store, 2)
+    assert second.pack.incremental == f"it would reuse less than {MIN_REUSE:.0%} of its bytes"
+    assert not second.manifest.bases and second.pack.reused == 0
+    assert second.pack.size > 10 * MIB  # every byte uploaded
+    # With enough reuse (4 of its 10 MiB are chunks of the second), the next one is
+    # incremental again, based on the newest.
+    _write(src, kept + _second_tail(src, 3 * MIB) + os.urandom(5 * MIB), 3)
+    third = _publish(src, store, 3)
+    assert third.manifest.bases is not None and third.pack.reused >= MIN_REUSE * 10 * MIB
+    assert [b.name for b in third.manifest.bases] == [second.url.split("/store/")[1]]
+    verify(third.url)
+    verify(first.url)
+
+
+def _second_tail(src: Path, n: int) -> bytes:
+    """The ``n`` bytes of the model after its first MiB: chunks the newest one holds."""
+    return (src / "model.bin").read_bytes()[MIB : MIB + n]
+
+
 # -- hostile references ------------------------------------------------------------------------
 
 

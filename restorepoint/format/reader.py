@@ -397,14 +397,22 @@ def _check_delta_layout(entry: Entry, chunk_size: int) -> None:
         )
 
 
+BASE_READ_SPAN = 8 << 20
+"""The most bytes of a run of referenced frames one ranged read of a base asks for."""
+
+
 class _BaseFrames:
-    """The referenced frames of an incremental restore point, read frame by frame with
-    ranged reads of its bases (bounded: one frame at a time), each base opened once."""
+    """The referenced frames of an incremental restore point, each base opened once. A run's
+    consecutive frames are read with few ranged reads of its base (one request each on an
+    object store): each read spans at most ``BASE_READ_SPAN`` bytes of the run (or one frame,
+    if longer), so memory stays bounded; every frame is still checked on its own."""
 
     def __init__(self, manifest: Manifest, bases: Bases | None) -> None:
         self.manifest = manifest
         self.bases = bases
         self._open: dict[int, BaseRegion] = {}
+        # The last span read: (base number, its first byte, its bytes).
+        self._span: tuple[int, int, bytes] | None = None
 
     def region(self, entry: Entry, ref: Ref) -> tuple[BaseRegion, Base]:
         assert self.manifest.bases is not None
@@ -427,9 +435,28 @@ class _BaseFrames:
             )
         return region, base
 
-    def frame(self, entry: Entry, ref: Ref, at: int, length: int) -> bytes:
+    def frame(self, entry: Entry, ref: Ref, index: int, at: int) -> bytes:
+        """Chunk ``index``'s frame, which starts at byte ``at`` of the base ``ref`` names."""
+        assert entry.delta is not None
         region, base = self.region(entry, ref)
-        data = region.read_range(at, at + CHUNK_HEADER.size + length)
+        length = entry.delta.frame_length(index)
+        end = at + CHUNK_HEADER.size + length
+        span = self._span
+        if (
+            span is None
+            or span[0] != ref.base
+            or not span[1] <= at <= end <= span[1] + len(span[2])
+        ):
+            # This frame and the run's next whole ones, up to BASE_READ_SPAN bytes: the run
+            # lies inside the base's data region (checked above).
+            stop = end
+            for i in range(index + 1, ref.first + ref.count):
+                after = stop + CHUNK_HEADER.size + entry.delta.frame_length(i)
+                if after - at > BASE_READ_SPAN:
+                    break
+                stop = after
+            self._span = span = (ref.base, at, region.read_range(at, stop))
+        data = span[2][at - span[1] : end - span[1]]
         if len(data) != CHUNK_HEADER.size + length:
             raise TruncatedRestorePoint(
                 f"base {base.name} ends inside a referenced frame", member=entry.path
@@ -566,7 +593,7 @@ class PayloadDecoder:
             ticket = budget.acquire(plain, self._check)
             if i in referenced:
                 ref, at = referenced[i]
-                stored = self._frames.frame(entry, ref, at, length)
+                stored = self._frames.frame(entry, ref, i, at)
             else:
                 (found,) = CHUNK_HEADER.unpack(self._read(CHUNK_HEADER.size, entry))
                 if found != length:

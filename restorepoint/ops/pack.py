@@ -257,6 +257,11 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
     planned = None
     if options.incremental:
         head, planned = _incremental(head, location, chosen, store=store, encrypted=cipher)
+    cuts = None
+    if planned is not None:
+        # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
+        cuts = [cuts_for(f.location, f.size, head.chunk_size, f.opener) for f in files]
+        planned = _worth_it(planned, files, head.chunk_size, cuts)
     if store:
         location = location.join(entry_name(head))
     with at_url(location.url):
@@ -274,6 +279,7 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
             object_sha256=options.object_sha256,
             chooser=_chooser(options, chosen, total),
             delta=planned.plan if planned is not None else None,
+            cuts=cuts,
         )
     return PackResult(
         url=location.url,
@@ -314,6 +320,18 @@ def _incremental(
     return head, plan_increment(location, head.run, head.chunk_size, codec)
 
 
+def _worth_it(
+    planned: Planned, files: list[SourceFile], chunk_size: int, cuts: list[list[int] | None]
+) -> Planned:
+    """``planned``, or a full restore point when it would reuse less than MIN_REUSE of its
+    plain bytes (spec 28.4, W4c): then neither references nor their verification pay."""
+    from ._increment import MIN_REUSE, Planned, enough_reuse
+
+    if planned.plan is None or enough_reuse(files, chunk_size, cuts, planned.plan):
+        return planned
+    return Planned(None, f"it would reuse less than {MIN_REUSE:.0%} of its bytes")
+
+
 def _chooser(options: PackOptions, codec: Codec, total: int) -> CodecChooser | None:
     """The adaptive chooser of ``options.adaptive``, aiming at the store deadline (set under a
     stop or a reclaim notice, storage/_retry.py); None unless the codec is planes, the only one
@@ -344,8 +362,10 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
     object_sha256: bool = False,
     chooser: CodecChooser | None = None,
     delta: DeltaPlan | None = None,
+    cuts: Sequence[list[int] | None] | None = None,
 ) -> Written:
-    """Writer steps 1-6 into an atomic publisher; the commit is the last step."""
+    """Writer steps 1-6 into an atomic publisher; the commit is the last step. ``cuts``: each
+    file's, when the caller has them (an incremental restore point's)."""
     named = DELTA_FEATURE in head.required_features
     with location.publish(size_hint=total, create_only=create_only) as publisher:
         writer = Writer(
@@ -363,14 +383,15 @@ def _publish(  # noqa: PLR0913, PLR0917 - writer steps W1-W6 in one place, from 
         )
         try:
             writer.begin()
-            for item in files:
+            for number, item in enumerate(files):
                 # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
-                cuts = (
-                    cuts_for(item.location, item.size, head.chunk_size, item.opener)
-                    if named
-                    else None
-                )
-                _add(writer, item, cuts)
+                if cuts is not None:
+                    item_cuts = cuts[number]
+                elif named:
+                    item_cuts = cuts_for(item.location, item.size, head.chunk_size, item.opener)
+                else:
+                    item_cuts = None
+                _add(writer, item, item_cuts)
             written = writer.finish()
         except BaseException:
             writer.abort()

@@ -158,6 +158,73 @@ def test_full_publishes_reuse_nothing_and_the_policy_forces_a_full_one(tmp_path:
     assert plain.manifest.bases is None and plain.manifest.format_version == "1.0"
 
 
+def test_a_run_of_referenced_frames_is_read_in_few_ranged_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request per BASE_READ_SPAN of a run, not one per frame (on S3 each is a GET); each
+    read stays within the span, so memory stays bounded."""
+    from restorepoint.format.reader import BASE_READ_SPAN
+    from restorepoint.ops import _delta
+
+    store = f"{tmp_path}/store/"
+    frozen = os.urandom(FROZEN)
+    src = tmp_path / "src"
+    _write(src, frozen, 1)
+    _publish(src, store, 1)
+    _write(src, frozen, 2)
+    second = _publish(src, store, 2)
+    assert second.pack.reused == FROZEN  # 9 frames of one base, in one run
+    reads: list[int] = []
+    read_range = _delta._Region.read_range
+
+    def counted(self: Any, start: int, end: int) -> bytes:
+        reads.append(end - start)
+        return read_range(self, start, end)
+
+    monkeypatch.setattr(_delta._Region, "read_range", counted)
+    dest = tmp_path / "restored"
+    import_restore_point(second.url, dest)
+    assert (dest / "model.bin").read_bytes() == (src / "model.bin").read_bytes()
+    # Whole frames per read: as many as fit in the span, and every byte read once.
+    per_read = BASE_READ_SPAN // (MIB + 4)
+    expected = [(MIB + 4) * n for n in [per_read] * (9 // per_read) + [9 % per_read] if n]
+    assert reads == expected and len(reads) < 9
+    reads.clear()
+    assert verify(second.url).bytes == 10 * MIB + len(json.dumps({"step": 2}))
+    assert reads == expected
+
+
+def test_a_publish_that_would_reuse_less_than_min_reuse_is_full_and_says_why(
+    tmp_path: Path,
+) -> None:
+    from restorepoint.ops._increment import MIN_REUSE
+
+    store = f"{tmp_path}/store/"
+    src = tmp_path / "src"
+    kept = os.urandom(MIB)  # 1 MiB of 10 kept: 10% reused, under MIN_REUSE
+    assert MIB < MIN_REUSE * 10 * MIB
+    _write(src, kept + os.urandom(8 * MIB), 1)
+    first = _publish(src, store, 1)
+    _write(src, kept + os.urandom(8 * MIB), 2)
+    second = _publish(src, store, 2)
+    assert second.pack.incremental == f"it would reuse less than {MIN_REUSE:.0%} of its bytes"
+    assert not second.manifest.bases and second.pack.reused == 0
+    assert second.pack.size > 10 * MIB  # every byte uploaded
+    # With enough reuse (4 of its 10 MiB are chunks of the second), the next one is
+    # incremental again, based on the newest.
+    _write(src, kept + _second_tail(src, 3 * MIB) + os.urandom(5 * MIB), 3)
+    third = _publish(src, store, 3)
+    assert third.manifest.bases is not None and third.pack.reused >= MIN_REUSE * 10 * MIB
+    assert [b.name for b in third.manifest.bases] == [second.url.split("/store/")[1]]
+    verify(third.url)
+    verify(first.url)
+
+
+def _second_tail(src: Path, n: int) -> bytes:
+    """The ``n`` bytes of the model after its first MiB: chunks the newest one holds."""
+    return (src / "model.bin").read_bytes()[MIB : MIB + n]
+
+
 # -- hostile references ------------------------------------------------------------------------
 
 

@@ -525,3 +525,31 @@ def test_a_prune_stopped_after_any_delete_leaves_every_kept_one_verifiable(
             verify(survivor.url)
     # The prune run again finishes the job and deletes nothing it keeps.
     assert prune(store, keep_last=2).deleted == []
+
+
+def test_an_incremental_one_whose_base_went_away_is_replaced_by_a_full_one(
+    tmp_path: Path,
+) -> None:
+    """Spec 28.4: the verification after the commit fails (here: the base deleted between the
+    plan and the verification), so a full restore point is published in its place, under a
+    name of its own, and it is the run's newest that verifies."""
+    from restorepoint.ops.publish import _verified_or_full
+
+    url = f"{tmp_path}/store/"
+    frozen = os.urandom(FROZEN)
+    src = tmp_path / "src"
+    _write(src, frozen, 1)
+    first = _publish(src, url, 1)
+    _write(src, frozen, 2)
+    second = _publish(src, url, 2)
+    assert second.pack.manifest.bases
+    Path(first.url).unlink()
+    with pytest.raises(IntegrityError, match="is missing"):
+        verify(second.url)
+    opts = PackOptions(incremental=True, chunk_size=MIB, codec="none")
+    spec = HeadSpec(position=2, run="r1")
+    replaced = _verified_or_full(second.pack, str(src), resolve(url), spec, opts, None)
+    assert replaced.url != second.url
+    assert not replaced.manifest.bases
+    assert verify(replaced.url).files == 2
+    assert latest(url, verify_it=True).url == replaced.url

@@ -13,17 +13,13 @@ from ..errors import NotFound, RestorePointError, SourceError
 from ..format import (
     Codec,
     Manifest,
-    parse_head,
-    parse_index,
-    read_index,
-    read_prefix,
-    read_tail,
     restore_point_digest,
 )
 from ..format.delta import DELTA_FEATURE, Base, chunk_lengths, pack_cuts
 from ..format.limits import MAX_DELTA_BASES
 from ..format.writer import DeltaPlan
 from ..storage import Location
+from ._open import open_manifest
 from ._source import SourceFile
 from .store import list_store
 
@@ -63,14 +59,14 @@ def plan_increment(store: Location, run: str, chunk_size: int, codec: Codec) -> 
     where = store.join(newest.name)
     reader = where.reader()
     try:
-        prefix = read_prefix(reader)
-        head = parse_head(prefix)
-        tail = read_tail(reader, prefix.data_start)
-        manifest = parse_index(head, tail, read_index(reader, tail))
+        opened = open_manifest(reader, need_key=False)
     except RestorePointError:
         return Planned(None, f"the newest restore point {newest.name} cannot be read")
     finally:
         reader.close()
+    manifest, tail = opened.manifest, opened.tail
+    assert manifest is not None
+    assert tail is not None
     if manifest.run != run or DELTA_FEATURE not in manifest.required_features:
         return Planned(None, f"the newest restore point {newest.name} names no chunks")
     if manifest.chunk_size != chunk_size:
@@ -78,7 +74,7 @@ def plan_increment(store: Location, run: str, chunk_size: int, codec: Codec) -> 
     bases = manifest.bases or ()
     if len(bases) + 1 >= FULL_EVERY:
         return Planned(None, f"a full restore point every {FULL_EVERY}")
-    digest = restore_point_digest(manifest.id, prefix.head_sha256, tail.index_sha256)
+    digest = restore_point_digest(manifest.id, opened.head.head_sha256, tail.index_sha256)
     return Planned(plan_from(newest.name, digest, manifest, codec), f"based on {newest.name}")
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._posix import release_free_memory
 from .._text import plural
 from ..errors import (
     DestinationError,
@@ -129,14 +130,19 @@ class Contents:
         """Let go of every chunk that lies wholly before byte ``end``. The chunks the staging
         writer has not yet written stay held for it: when more than ``WRITE_LAG`` bytes would,
         this waits for the writer, so that forgetting bounds the memory held as before."""
-        i = self._forgotten
+        i = first = self._forgotten
         while i < len(self._chunks) and self._starts[i] + len(self._chunks[i] or b"") <= end:
             self._chunks[i] = None
             i += 1
         self._forgotten = i
+        if i == first:
+            return
         let_go = self._starts[i] if i < len(self._starts) else self.size
         if self._writer is not None and let_go > WRITE_LAG:
             self._writer.wait_written(self._index, let_go - WRITE_LAG)
+        # The chunks were allocated by the decoder's threads: without this their memory would
+        # stay resident beside the tensors made of them (at 1 GiB, 0.2 GiB more at the peak).
+        release_free_memory()
 
 
 @dataclass(frozen=True)

@@ -227,6 +227,10 @@ class StagingWriter:
                     self._error = exc
                     self._advance(index, self._at[1])
                 item = None  # the chunk goes as soon as it is written (and read)
+        except BaseException as exc:
+            # Anything else ends the writes too, and is reported as their failure: a tree
+            # that is not whole must never be moved into place.
+            self._error = exc
         finally:
             if fd >= 0:
                 with contextlib.suppress(OSError):

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import stat
 import threading
 import time
+from typing import Any
 
 from .._posix import fsync_dir, rename_exchange
 from ..errors import StorageError
 from ..storage import OLD_MARK, leftover_name, parse_leftover, this_host, translate
 
-__all__ = ["STALE_AFTER_S", "Staged", "Tree", "clean_leftovers", "new_name"]
+__all__ = ["STALE_AFTER_S", "Staged", "StagingWriter", "Tree", "clean_leftovers", "new_name"]
 
 #: A leftover whose writer may still be alive on another host is removed only when this old.
 STALE_AFTER_S = 24 * 3600
@@ -124,16 +126,152 @@ class Tree:
         self.chain.clear()
 
 
-class Staged:
-    """A staging tree whose files are all written and verified (U7), not yet durable: U8 and
-    U9 on request, once."""
+#: The end of the writer's queue (and what ``stop`` puts in it).
+_END = object()
 
-    def __init__(
-        self, staging: str, target: str, replacing: bool, mode: int, paths: list[str] | None
+
+class StagingWriter:
+    """U7's writes of an import in memory, on a thread of its own (``rp-stage``): the reading
+    thread hands over each file's chunks in payload order (the bytes it keeps anyway, so the
+    queue holds no copy), and neither waits for the disk nor spends its CPU on the copy into
+    the page cache; the caller has the verified bytes as soon as every file passed R10, while
+    the copy may still be on its way. Files are not fsynced here (U8 does that, after
+    ``join``).
+
+    ``written(index, offset)``: whether the writer is past byte ``offset`` of the ``index``-th
+    file it was given, or done (finished or failed); ``wait_written`` blocks until it is. A
+    failure (a full disk, a planted link) is kept and raised by ``join``; the writer then
+    drops what it is handed, so that the bytes it held are let go. The thread ends at
+    ``close`` (or ``stop``), after every file it was given; it is a daemon: a process that
+    ends without joining it leaves the staging directory, as a kill would (U5 of the next
+    import removes it)."""
+
+    def __init__(self, tree: Tree, target: str) -> None:
+        self._tree, self._target = tree, target
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        #: (file index, bytes of it written); the index is -1 before the first file.
+        self._at = (-1, 0)
+        self._over = False
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._files = 0
+        self._thread = threading.Thread(target=self._run, name="rp-stage", daemon=True)
+        self._thread.start()
+
+    # -- the reading thread's side: the same calls as a direct write --------------------------
+
+    def open(self, path: str) -> int:
+        """A file created (in order); returns its index."""
+        self._queue.put(path)
+        self._files += 1
+        return self._files - 1
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        self._queue.put(chunk)
+
+    def close_file(self) -> None:
+        self._queue.put(None)
+
+    def close(self) -> None:
+        """No more files: the thread ends once it has written them."""
+        self._queue.put(_END)
+
+    # -- the caller's side ------------------------------------------------------------------
+
+    def written(self, index: int, offset: int) -> bool:
+        at = self._at  # one tuple, replaced whole
+        return (
+            self._over
+            or self._error is not None
+            or at[0] > index
+            or (at[0] == index and at[1] >= offset)
+        )
+
+    def wait_written(self, index: int, offset: int) -> None:
+        if self.written(index, offset):
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: self.written(index, offset))
+
+    def join(self) -> None:
+        """Wait for every write; raise the first failure (StorageError)."""
+        self._thread.join()
+        if self._error is not None:
+            raise translate(self._error, self._target) from None
+
+    def stop(self) -> None:
+        """Drop the writes not yet made and wait for the thread (its descriptors closed)."""
+        self._stopping = True
+        self._queue.put(_END)
+        self._thread.join()
+
+    def _run(self) -> None:
+        fd, index = -1, -1
+        try:
+            while (item := self._queue.get()) is not _END:
+                if self._stopping or self._error is not None:
+                    item = None  # let go of what is handed over
+                    continue
+                try:
+                    if isinstance(item, str):
+                        fd, index = self._tree.create(item), index + 1
+                        self._advance(index, 0)
+                    elif item is None:
+                        os.close(fd)
+                        fd = -1
+                        self._advance(index + 1, 0)
+                    else:
+                        self._advance(index, self._at[1] + _write(fd, item))
+                except OSError as exc:
+                    self._error = exc
+                    self._advance(index, self._at[1])
+                item = None  # the chunk goes as soon as it is written (and read)
+        except BaseException as exc:
+            # Anything else ends the writes too, and is reported as their failure: a tree
+            # that is not whole must never be moved into place.
+            self._error = exc
+        finally:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._tree.close()
+            with self._cond:
+                self._over = True
+                self._cond.notify_all()
+
+    def _advance(self, index: int, done: int) -> None:
+        with self._cond:
+            self._at = (index, done)
+            self._cond.notify_all()
+
+
+def _write(fd: int, chunk: bytes | memoryview) -> int:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view) :]
+    return len(chunk)
+
+
+class Staged:
+    """A staging tree whose files are all verified (U7), not yet durable: U8 and U9 on
+    request, once. With a ``writer`` (an import in memory), the files may still be on their
+    way: U8 waits for it first."""
+
+    def __init__(  # noqa: PLR0913 - the staging tree's state, from _unpack
+        self,
+        staging: str,
+        target: str,
+        replacing: bool,
+        mode: int,
+        paths: list[str] | None,
+        *,
+        writer: StagingWriter | None = None,
     ) -> None:
         self.staging, self.target, self.replacing = staging, target, replacing
         #: The files to sync at U8; None: they were synced as they were written (U7).
         self.mode, self.paths = mode, paths
+        self.writer = writer
         self._lock = threading.Lock()
         self._done = False
 
@@ -144,6 +282,8 @@ class Staged:
             self._done = True
             try:
                 try:
+                    if self.writer is not None:
+                        self.writer.join()
                     if self.paths is not None:
                         tree = Tree(self.staging)
                         try:
@@ -164,6 +304,8 @@ class Staged:
         with self._lock:
             if not self._done:
                 self._done = True
+                if self.writer is not None:
+                    self.writer.stop()
                 shutil.rmtree(self.staging, ignore_errors=True)
 
 

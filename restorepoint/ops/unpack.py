@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._posix import release_free_memory
 from .._text import plural
 from ..errors import (
     DestinationError,
@@ -53,7 +54,7 @@ from ..storage import STAGING_MARK, Location, resolve, translate
 from ._delta import bases_for
 from ._multipart import check_part, check_part_paths, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_head, open_manifest
-from ._staging import Staged, Tree, new_name
+from ._staging import Staged, StagingWriter, Tree, new_name
 from ._staging import clean_leftovers as _clean_leftovers
 from .gate import (
     CLI_HINTS,
@@ -69,6 +70,10 @@ from .pack import default_threads
 __all__ = ["Contents", "ImportResult", "import_restore_point"]
 #: The staging tree by its old name (tests patch it here).
 _Tree = Tree
+#: How far a reader of an import in memory may let go of bytes ahead of the staging writer
+#: (``Contents.forget``): the chunks it forgets that the writer has not yet written stay
+#: held for it, at most this much; beyond, the reader waits for the writer.
+WRITE_LAG = 64 << 20
 
 #: What an import unpacks: a manifest, the reader of its object, where its payload starts, and
 #: the cipher that opens it (one object's, or each of a commit's parts).
@@ -80,15 +85,18 @@ class Contents:
     """One file's plain bytes, verified, as an import ``in_memory`` kept them: the chunks the
     decoder gave (bytes or read-only views), in order. A reader copies out what it needs and
     may ``forget`` what it has read, so that the bytes and what is built of them are not both
-    held whole."""
+    held whole. The copy in the staging tree is written from the same chunks on a thread of
+    its own (``StagingWriter``): a chunk goes when both are done with it."""
 
-    __slots__ = ("_chunks", "_forgotten", "_starts", "size")
+    __slots__ = ("_chunks", "_forgotten", "_index", "_starts", "_writer", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, writer: StagingWriter | None = None, index: int = 0) -> None:
         self._chunks: list[bytes | memoryview | None] = []
         self._starts: list[int] = []
         #: Chunks before this one are forgotten.
         self._forgotten = 0
+        #: The writer of the staging copy, and this file's index in its order.
+        self._writer, self._index = writer, index
         self.size = 0
 
     def append(self, chunk: bytes | memoryview) -> None:
@@ -119,12 +127,22 @@ class Contents:
         return bytes(out)
 
     def forget(self, end: int) -> None:
-        """Let go of every chunk that lies wholly before byte ``end``."""
-        i = self._forgotten
+        """Let go of every chunk that lies wholly before byte ``end``. The chunks the staging
+        writer has not yet written stay held for it: when more than ``WRITE_LAG`` bytes would,
+        this waits for the writer, so that forgetting bounds the memory held as before."""
+        i = first = self._forgotten
         while i < len(self._chunks) and self._starts[i] + len(self._chunks[i] or b"") <= end:
             self._chunks[i] = None
             i += 1
         self._forgotten = i
+        if i == first:
+            return
+        let_go = self._starts[i] if i < len(self._starts) else self.size
+        if self._writer is not None and let_go > WRITE_LAG:
+            self._writer.wait_written(self._index, let_go - WRITE_LAG)
+        # The chunks were allocated by the decoder's threads: without this their memory would
+        # stay resident beside the tensors made of them (at 1 GiB, 0.2 GiB more at the peak).
+        release_free_memory()
 
 
 @dataclass(frozen=True)
@@ -434,25 +452,12 @@ def _unpack(  # noqa: PLR0913, PLR0917 - steps U6-U9, from import_restore_point
         try:
             mode = stat.S_IMODE(os.lstat(staging).st_mode)
             os.chmod(staging, 0o700)
-            tree = Tree(staging)
-            try:
-                for manifest, reader, data_start, cipher, bases in sources:
-                    stream = reader.open_stream(data_start)
-                    try:
-                        _write_files(manifest, stream, tree, threads, progress, cipher, bases, kept)
-                    finally:
-                        stream.close()
-                if kept is None:
-                    # Before the fsyncs, so that DEST's mode is as durable as its entries.
-                    os.chmod(staging, mode)
-                    tree.sync_and_close()
-            finally:
-                tree.close()
+            writer = _stage(sources, staging, mode, target, threads, progress, kept)
         except OSError as exc:
             raise translate(exc, target) from None
-        paths = None if kept is None else [e.path for e in entries]
-        staged = Staged(staging, target, replacing, mode, paths)
-        if kept is None:
+        paths = None if writer is None else [e.path for e in entries]
+        staged = Staged(staging, target, replacing, mode, paths, writer=writer)
+        if writer is None:
             staged.finish()
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -462,10 +467,56 @@ def _unpack(  # noqa: PLR0913, PLR0917 - steps U6-U9, from import_restore_point
     )
 
 
+def _stage(  # noqa: PLR0913, PLR0917 - step U7 (and U8 on disk), from _unpack
+    sources: Sequence[_Source],
+    staging: str,
+    mode: int,
+    target: str,
+    threads: int | None,
+    progress: Callable[[int], None] | None,
+    kept: dict[str, Contents] | None,
+) -> StagingWriter | None:
+    """Every source's files into the staging tree, each verified. On disk (``kept`` None),
+    written and fsynced here (U7, U8); in memory, kept, and written by a ``StagingWriter``,
+    returned still writing: the caller has the bytes without waiting for the disk."""
+    tree = Tree(staging)
+    try:
+        # In memory, the writes go to a thread of their own, which owns the tree from here
+        # (and closes it when it ends).
+        sink: _Direct | StagingWriter = (
+            _Direct(tree) if kept is None else StagingWriter(tree, target)
+        )
+    except BaseException:
+        tree.close()
+        raise
+    try:
+        for manifest, reader, data_start, cipher, bases in sources:
+            stream = reader.open_stream(data_start)
+            try:
+                _write_files(manifest, stream, sink, threads, progress, cipher, bases, kept)
+            finally:
+                stream.close()
+        if isinstance(sink, StagingWriter):
+            sink.close()
+            return sink
+        # Before the fsyncs, so that DEST's mode is as durable as its entries.
+        os.chmod(staging, mode)
+        tree.sync_and_close()
+        return None
+    except BaseException:
+        if isinstance(sink, StagingWriter):
+            sink.stop()
+        raise
+    finally:
+        if isinstance(sink, _Direct):
+            sink.close()
+            tree.close()
+
+
 def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_restore_point
     manifest: Manifest,
     stream: Any,
-    tree: Tree,
+    sink: _Direct | StagingWriter,
     threads: int | None,
     progress: Callable[[int], None] | None,
     cipher: ChunkCipher | None,
@@ -476,42 +527,63 @@ def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_re
     decoder = PayloadDecoder(
         manifest, stream, threads=threads or default_threads(), cipher=cipher, bases=bases
     )
-    fd = -1
     current = None
-    try:
-        # Every file is created in payload order, which is what lets the tree hold only one
-        # chain of directories open: a file of size 0 when the decoder has checked its digest
-        # (that of no bytes), any other at its first chunk.
-        for entry, chunk in decoder.events():
-            if chunk is None:
-                if fd >= 0:
-                    if kept is None:
-                        # In memory, U8 (``Staged.finish``) syncs every file later.
-                        os.fsync(fd)
-                    os.close(fd)
-                    fd = -1
-                elif entry.size == 0:
-                    os.close(_create(tree, entry.path, kept))
-                current = None
-                continue
-            if entry is not current:
-                fd = _create(tree, entry.path, kept)
-                current = entry
-            if kept is not None:
-                kept[entry.path].append(chunk)
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view) :]
-            if progress is not None:
-                progress(len(chunk))
-    finally:
-        if fd >= 0:
+    # Every file is created in payload order, which is what lets the tree hold only one chain
+    # of directories open: a file of size 0 when the decoder has checked its digest (that of
+    # no bytes), any other at its first chunk.
+    for entry, chunk in decoder.events():
+        if chunk is None:
+            if current is None:
+                _create(sink, entry.path, kept)
+            sink.close_file()
+            current = None
+            continue
+        if entry is not current:
+            _create(sink, entry.path, kept)
+            current = entry
+        if kept is not None:
+            kept[entry.path].append(chunk)
+        sink.write(chunk)
+        if progress is not None:
+            progress(len(chunk))
+
+
+def _create(sink: _Direct | StagingWriter, path: str, kept: dict[str, Contents] | None) -> None:
+    """The file ``path`` created in the staging tree (and its bytes' place in ``kept``)."""
+    index = sink.open(path)
+    if kept is not None:
+        assert isinstance(sink, StagingWriter)
+        kept[path] = Contents(sink, index)
+
+
+class _Direct:
+    """U7's writes on the reading thread (an import to disk): each file fsynced as it ends."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        self.fd = -1
+        self.wrote = False
+
+    def open(self, path: str) -> int:
+        self.fd, self.wrote = self.tree.create(path), False
+        return -1
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(self.fd, view) :]
+        self.wrote = True
+
+    def close_file(self) -> None:
+        fd, self.fd = self.fd, -1
+        try:
+            if self.wrote:  # a file of size 0 has nothing to sync (its entry is the directory's)
+                os.fsync(fd)
+        finally:
             os.close(fd)
 
-
-def _create(tree: Tree, path: str, kept: dict[str, Contents] | None) -> int:
-    """The file ``path`` created in the staging tree (and its bytes' place in ``kept``)."""
-    fd = tree.create(path)
-    if kept is not None:
-        kept[path] = Contents()
-    return fd
+    def close(self) -> None:
+        """After a failure: the file being written, closed."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -61,6 +61,8 @@ MAX_STATE_DEPTH = 16
 MAX_INT_DIGITS = 40
 #: safetensors' own limit on the header, which holds the structure.
 MAX_HEADER_BYTES = 100_000_000
+#: How much of a tensor ``read_snapshot_held`` copies before it forgets what it copied.
+FILL_STEP = 16 << 20
 
 #: torch dtype <-> safetensors dtype name: the dtypes a snapshot stores.
 DTYPES: dict[torch.dtype, str] = {
@@ -527,7 +529,20 @@ def read_snapshot_held(name: str, data: Held) -> Any:
     header = data.read(8, 8 + length)
     with _header_file(prefix + header, data.size) as path:
         node, shapes = _checked(name, path)
-    reader = _Reader(name, header, shapes, data.readinto)
+
+    def fill(start: int, out: memoryview) -> int:
+        # A step at a time, each step's bytes forgotten once copied: the bytes of the tensor
+        # being made are not held twice either (at most one step's).
+        done = 0
+        while done < len(out):
+            n = data.readinto(start + done, out[done : done + FILL_STEP])
+            if n == 0:
+                break
+            done += n
+            data.forget(start + done)
+        return done
+
+    reader = _Reader(name, header, shapes, fill)
     made: dict[str, torch.Tensor] = {}
     for tensor in sorted(shapes, key=reader.begin):
         made[tensor] = reader.tensor(tensor)

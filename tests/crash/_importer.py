@@ -4,10 +4,12 @@ as a job resuming on a new machine would, then stay alive until killed or LINGER
 Prints ``ready`` once everything but the import itself is loaded (so that the kill delay
 measures the import, not the interpreter's start), then ``imported`` after the move into place.
 
-    python _importer.py URL DEST LINGER [--force] [--no-exchange]
+    python _importer.py URL DEST LINGER [--force] [--no-exchange] [--in-memory]
 
 ``--no-exchange`` makes the importer use its fallback for file systems without
-renameat2(RENAME_EXCHANGE): two renames.
+renameat2(RENAME_EXCHANGE): two renames. ``--in-memory`` imports as a ResumableRun resuming
+from its store does: the bytes held, the staging copy written on a thread of its own, then
+``finish()`` (U8, U9).
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ def main(argv: list[str]) -> int:
 
         _staging.rename_exchange = lambda a, b: False
     print("ready", flush=True)
-    restorepoint.import_restore_point(url, dest, force=force)
+    if "--in-memory" in argv[3:]:
+        restorepoint.import_restore_point(url, dest, force=force, in_memory=True).finish()
+    else:
+        restorepoint.import_restore_point(url, dest, force=force)
     print("imported", flush=True)
     time.sleep(linger)
     return 0

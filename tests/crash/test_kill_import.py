@@ -112,9 +112,11 @@ def run_trials(
     trials: int = TRIALS,
     env: dict[str, str] | None = None,
     options: dict[str, Any] | None = None,
+    in_memory: bool = False,
 ) -> Counter[str]:
     dest = parent / "ckpt"
     flags = (["--force"] if replace else []) + ([] if exchange else ["--no-exchange"])
+    flags += ["--in-memory"] if in_memory else []
     before = tree_of(old) if replace else None
     expected_new = tree_of(new)
 
@@ -145,6 +147,7 @@ def run_trials(
     delays = [(i + rng.random()) / trials * REACH * duration for i in range(trials)]
     rng.shuffle(delays)
     scenario = ("replace" if replace else "absent") + ("" if exchange else " (two renames)")
+    scenario += " (in memory)" if in_memory else ""
     print(
         f"\ncrash seed {SEED}: DEST {scenario}, import {duration:.3f} s, "
         f"{trials} kills in [0, {REACH * duration:.3f}] s"
@@ -203,6 +206,16 @@ def test_kill_import_replacing_dest_with_two_renames(
     renames may also leave DEST absent with both trees beside it (the spec says so)."""
     old, url, new = restore_points
     run_trials(old, url, new, tmp_path, replace=True, exchange=False)
+
+
+def test_kill_import_in_memory_replacing_dest(
+    restore_points: tuple[Path, str, Path], tmp_path: Path
+) -> None:
+    """An import in memory (a ResumableRun's resume from its store): the staging copy written
+    on a thread of its own while the bytes are verified, then synced and moved into place by
+    ``finish``. A kill anywhere leaves DEST as before or the new tree."""
+    old, url, new = restore_points
+    run_trials(old, url, new, tmp_path, replace=True, trials=trials(12), in_memory=True)
 
 
 @pytest.mark.s3

@@ -23,6 +23,7 @@ import restorepoint
 from restorepoint.errors import IntegrityError
 from restorepoint.format import read_manifest
 from restorepoint.ops.unpack import import_restore_point
+from restorepoint.runtime import snapshot_file
 from restorepoint.runtime.state import load_state
 from restorepoint.storage import resolve
 from restorepoint.torch import ResumableRun
@@ -216,3 +217,27 @@ def test_under_run_a_corrupted_store_snapshot_is_one_line_and_exit_1(tmp_path: P
     assert not (work / "started").exists()
     imports = work / "runs" / RUN / "imports"
     assert not imports.exists() or os.listdir(imports) == []
+
+
+def test_the_held_loader_copies_in_steps_across_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loader copies each tensor a step at a time and forgets each step's bytes: with
+    steps and chunks that cross tensor boundaries everywhere, the state is the file's, bit
+    for bit, and every held byte is let go at the end."""
+    store, _ = published(tmp_path)
+    import_restore_point(str(the_restore_point(store)), tmp_path / "c")
+    url = str(tmp_path / "small-chunks.rp")
+    restorepoint.pack(tmp_path / "c", url, position=restorepoint.Position(3), chunk_size=65536)
+    monkeypatch.setattr(snapshot_file, "FILL_STEP", 777)
+    result = import_restore_point(url, tmp_path / "d", in_memory=True)
+    try:
+        assert result.contents is not None
+        assert result.contents["last.pt"].size > 3 * 65536
+        held = {Path(result.dest) / p: c for p, c in result.contents.items()}
+        from_memory = load_state(Path(result.dest) / "last.pt", held=held)
+        with pytest.raises(ValueError, match="forgotten"):
+            result.contents["last.pt"].read(0, 1)
+    finally:
+        result.finish()
+    assert same(from_memory, load_state(tmp_path / "d" / "last.pt"))

@@ -136,8 +136,11 @@ def bases_of(location: Location, *, commit: bool = True) -> list[str]:
     """The names of the bases the restore point at ``location`` references: its own, or a
     commit's parts' (``RUN/STEM.parts/NAME``, each part's head and index read: bounded, one
     part at a time; a "part" that is a commit names none). None when it is not incremental or
-    cannot be read up to its index."""
-    reader = location.reader()
+    cannot be read up to its index (a missing part: verify reports it)."""
+    try:
+        reader = location.reader()
+    except NotFound:
+        return []
     try:
         prefix = read_prefix(reader)
         head = parse_head(prefix)

@@ -82,15 +82,11 @@ class Base:
     def run(self) -> str:
         return self.name.split("/", 1)[0]
 
-    @property
-    def holder(self) -> str:
-        """The store name of the restore point that holds this base: the base itself, or,
-        for a part's base ``RUN/STEM.parts/NAME`` (section 28.7), its commit ``RUN/STEM.rp``."""
-        return base_holder(self.name)
-
 
 def base_holder(name: str) -> str:
-    """The store name of the restore point holding the base named ``name`` (``Base.holder``)."""
+    """The store name of the restore point that holds the base named ``name``: the base
+    itself, or, for a part's base ``RUN/STEM.parts/NAME`` (section 28.7), its commit
+    ``RUN/STEM.rp``."""
     if _PARTS_INFIX in name:
         return name.split(_PARTS_INFIX, 1)[0] + ".rp"
     return name

@@ -190,3 +190,37 @@ def test_a_part_whose_base_is_another_ranks_or_another_runs_is_refused(tmp_path:
         assert proc.returncode == 1, proc.stderr
         assert words in one_error_line(proc)
         assert list(tmp_path.glob(f"*dest{n}*")) == []  # no staging left either
+
+
+def test_a_part_whose_base_fails_its_check_is_replaced_by_a_full_one(tmp_path: Path) -> None:
+    """The rank reads its part back through its references before the part is named (spec
+    28.7): a base damaged since the plan read its index makes the part unsound, and a full
+    part takes its place under the same name; the commit that names it verifies."""
+    store = f"{tmp_path}/store/"
+    frozen = {0: os.urandom(4 * MIB)}
+    src = _sources(tmp_path / "src", frozen, 1)
+    first, (ref,) = _commit(src, store, 1, 1)
+    # A byte of the base's frozen backbone flipped: its head and index still check out.
+    base = Path(_part_url(first.url, ref))
+    data = bytearray(base.read_bytes())
+    start = _data_start(str(base))
+    data[start + 100] ^= 0xFF
+    base.write_bytes(bytes(data))
+    head, plan = HeadSpec(position=2, run="r1"), CommitPlan.new(1)
+    _sources(src, frozen, 2)
+    part = publish_part(
+        src, store, head, plan, rank=0, options=OPTIONS, include=None, verify_it=True
+    )
+    where = f"{store}{plan.commit_name(head).removesuffix('.rp')}.parts/{part.name}"
+    # Not even delta/1: the full part of the fallback (a planned full part names "bases": []).
+    assert read_manifest(where).bases is None
+    commit = publish_commit(store, head, plan, [part], OPTIONS)
+    assert verify(commit.url).parts[0].digest == part.digest
+
+
+def _data_start(path: str) -> int:
+    reader = resolve(path).reader()
+    try:
+        return read_prefix(reader).data_start
+    finally:
+        reader.close()

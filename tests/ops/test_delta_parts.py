@@ -15,8 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from clirun import cli, one_error_line
 
+from restorepoint import IntegrityError
 from restorepoint.format import PartRef, canonical_dumps, read_prefix, read_tail
 from restorepoint.format.layout import END_MAGIC, FOOTER
 from restorepoint.ops import import_restore_point, list_store, prune, read_manifest, verify
@@ -112,6 +114,9 @@ def test_each_rank_references_its_own_part_and_prune_keeps_the_bases(tmp_path: P
     findings = fsck(store).findings
     assert [(f.kind, f.url) for f in findings] == [("dangling_reference", grown.url)]
     assert ".parts/rank-0000" in findings[0].detail
+    # And the commit fails verification with one line naming the base.
+    with pytest.raises(IntegrityError, match=r"base r1/\S+\.parts/rank-0000[01]\.rp is missing"):
+        verify(grown.url)
 
 
 def _rewrite(path: str, change: Callable[[dict[str, Any]], None]) -> None:

@@ -88,7 +88,9 @@ def test_each_rank_uploads_what_changed_of_its_part_and_resumes_bit_for_bit(
                     f"{commits[0].name.removesuffix('.rp')}.parts/{name}"
                 ]
                 ratios[(commit.step, name)] = round(ref.size / first[name].size, 4)
-    print(f"bytes per incremental part / the rank's full part: {ratios}")
+    sizes = {name: ref.size for name, ref in parts(commits[-1].url).items()}
+    full = {name: ref.size for name, ref in first.items()}
+    print(f"bytes per incremental part / the rank's full part: {ratios}; {sizes} / {full}")
     assert ratios and all(r <= 0.12 for r in ratios.values()), ratios
 
     # Two fresh nodes resume from the newest, each rank its own state, bit for bit.

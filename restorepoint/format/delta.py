@@ -37,6 +37,7 @@ __all__ = [
     "Base",
     "Chunks",
     "Ref",
+    "base_holder",
     "bases_from_list",
     "chunk_lengths",
     "chunks_from_entry",
@@ -53,6 +54,14 @@ _HEX = re.compile(r"^[0-9a-f]*\Z")
 _BASE_NAME = re.compile(
     r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})/[0-9]{16}-[0-9]{8}T[0-9]{9}Z-[0-9a-f]{12}\.rp\Z"
 )
+#: ``RUN/STEM.parts/NAME``: the part ``NAME`` of a commit of the run (section 25.2), the only
+#: thing a part's base may be; NAME is checked against the part's own name.
+_PART_BASE_NAME = re.compile(
+    r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})/[0-9]{16}-[0-9]{8}T[0-9]{9}Z-[0-9a-f]{12}\.parts/"
+    r"(rank-[0-9]{5}\.rp|shared\.rp)\Z"
+)
+#: What a commit's parts prefix ends in (section 25.2).
+_PARTS_INFIX = ".parts/"
 SHA_DIGITS = 64
 FRAME_DIGITS = 8
 CUT_DIGITS = 14
@@ -72,6 +81,15 @@ class Base:
     @property
     def run(self) -> str:
         return self.name.split("/", 1)[0]
+
+
+def base_holder(name: str) -> str:
+    """The store name of the restore point that holds the base named ``name``: the base
+    itself, or, for a part's base ``RUN/STEM.parts/NAME`` (section 28.7), its commit
+    ``RUN/STEM.rp``."""
+    if _PARTS_INFIX in name:
+        return name.split(_PARTS_INFIX, 1)[0] + ".rp"
+    return name
 
 
 @dataclass(frozen=True)
@@ -207,9 +225,26 @@ def chunks_from_entry(  # noqa: PLR0912 - one check per member, in the order of 
     return Chunks(sha, frames, cuts, tuple(refs))
 
 
-def bases_from_list(raw: Any, run: str | None) -> tuple[Base, ...]:
+def _base_name(name: str, i: int, part: str | None) -> re.Match[str]:
+    """``bases[i].name`` parsed: a store name, or for a part (``part``: its name) a part of
+    the same name of a commit (section 28.7)."""
+    if part is None:
+        match = _BASE_NAME.fullmatch(name)
+        if match is None:
+            raise MalformedManifest(f"bases[{i}].name must be a store name RUN/STEP-CREATED-ID.rp")
+        return match
+    match = _PART_BASE_NAME.fullmatch(name)
+    if match is None:
+        raise MalformedManifest(f"bases[{i}].name must be a part RUN/STEP-CREATED-ID.parts/{part}")
+    if match.group(2) != part:
+        raise MalformedManifest(f"bases[{i}] is a part of another rank, not {part}")
+    return match
+
+
+def bases_from_list(raw: Any, run: str | None, part: str | None = None) -> tuple[Base, ...]:
     """The index's ``bases`` (R8): store names of this run, digests, no repeats, at most
-    MAX_DELTA_BASES."""
+    MAX_DELTA_BASES. A part's (``part``: its name, ``rank-RRRRR.rp`` or ``shared.rp``) are
+    parts of the same name of this run's commits (section 28.7), an object's restore points."""
     if not isinstance(raw, list):
         raise MalformedManifest("index.bases must be an array")
     if len(raw) > MAX_DELTA_BASES:
@@ -221,9 +256,7 @@ def bases_from_list(raw: Any, run: str | None) -> tuple[Base, ...]:
         name, digest = item.get("name"), item.get("digest")
         if not isinstance(name, str) or not isinstance(digest, str):
             raise MalformedManifest(f"bases[{i}]: name and digest must be strings")
-        match = _BASE_NAME.fullmatch(name)
-        if match is None:
-            raise MalformedManifest(f"bases[{i}].name must be a store name RUN/STEP-CREATED-ID.rp")
+        match = _base_name(name, i, part)
         if match.group(1) != run:
             raise MalformedManifest(f"bases[{i}] is a restore point of another run")
         if not _HEX64.fullmatch(digest):

@@ -525,7 +525,8 @@ class Manifest:
                 raise LimitExceeded("the payload's total size exceeds 2**53-1")
         if not delta:
             return self.with_payload(entries)
-        bases = bases_from_list(obj.get("bases"), self.run)
+        own = PartRef.name_for(self.part.rank) if self.part is not None else None
+        bases = bases_from_list(obj.get("bases"), self.run, own)
         used = {r.base for e in entries if e.delta is not None for r in e.delta.refs}
         if any(b >= len(bases) for b in used) or len(used) != len(bases):
             raise MalformedManifest(
@@ -560,15 +561,18 @@ def _multipart(
 
 
 def _check_delta(obj: dict[str, Any], features: list[str], version: str) -> None:
-    """``delta/1`` (section 28): from format 1.2, in an object of a run, and for now neither
-    encrypted nor a multi-part object (their chunks are bound to their own object)."""
+    """``delta/1`` (section 28): from format 1.2, in an object of a run, not encrypted (sealed
+    chunks are bound to their own object), and not a commit (whose payload is empty): a part
+    may be incremental, its bases parts of its rank (section 28.7)."""
     if DELTA_FEATURE not in features:
         return
     if tuple(int(n) for n in version.split(".")) < (1, 2):
         raise MalformedManifest(f"{DELTA_FEATURE!r} needs format_version 1.2 or later")
-    if ENCRYPTION_FEATURE in features or MULTIPART_FEATURE in features:
+    if ENCRYPTION_FEATURE in features:
+        raise MalformedManifest(f"{DELTA_FEATURE!r} does not go with {ENCRYPTION_FEATURE!r}")
+    if "parts" in obj:
         raise MalformedManifest(
-            f"{DELTA_FEATURE!r} goes with neither {ENCRYPTION_FEATURE!r} nor {MULTIPART_FEATURE!r}"
+            f"a commit is never {DELTA_FEATURE!r}: its parts may be, each on its own"
         )
     if obj.get("run") is None:
         raise MalformedManifest(f"{DELTA_FEATURE!r} needs a run: bases are of the same run")

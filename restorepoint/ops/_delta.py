@@ -18,8 +18,9 @@ from ..format import (
     read_tail,
     restore_point_digest,
 )
-from ..format.delta import Base
+from ..format.delta import Base, base_holder
 from ..storage import Location
+from ._multipart import part_location
 
 if TYPE_CHECKING:
     from .store import StoreEntry
@@ -54,7 +55,10 @@ class StoreBases:
 
     def open(self, base: Base) -> _Region:
         stem = base.name.split("/", 1)[1]
-        where = self.location.beside(stem)
+        # A part's base is a part of an earlier commit (RUN/STEM.parts/NAME, spec 28.7): in
+        # the run's prefix, beside this part's commit's parts prefix.
+        part = self.manifest.part
+        where = (self.location.up() if part is not None else self.location).beside(stem)
         try:
             reader = where.reader()
         except NotFound:
@@ -83,6 +87,15 @@ class StoreBases:
             )
         if head.manifest.run != self.manifest.run:
             raise IntegrityError(f"base {base.name} is of another run", url=where.url)
+        if part is not None:
+            # A part's base is a part of the same rank of another commit of the run (28.7).
+            other = head.manifest.part
+            if other is None or other.rank != part.rank:
+                raise IntegrityError(f"base {base.name} is not a part of this rank", url=where.url)
+            if other.commit == part.commit:
+                raise IntegrityError(f"base {base.name} is a part of this commit", url=where.url)
+        elif head.manifest.part is not None:
+            raise IntegrityError(f"base {base.name} is a part", url=where.url)
         return _Region(reader, prefix.data_start, tail.index_offset)
 
     def close(self) -> None:
@@ -101,13 +114,15 @@ def keep_bases(
 ) -> None:
     """Every base of a kept restore point is kept too, and theirs in turn (spec section 28.5):
     a prune never breaks a chain. The bases come from the kept ones' heads and indexes (bounded
-    reads, no payload); one that cannot be read names none (it does not verify either)."""
+    reads, no payload), a commit's from its parts' (a part's base is a part of an earlier
+    commit, which is kept with its parts, 28.7); one that cannot be read names none (it does
+    not verify either)."""
     listed = {e.name: e for e in entries}
     todo = [e for e in entries if reasons[e.name]]
     seen = {e.name for e in todo}
     while todo:
         entry = todo.pop()
-        for name in bases_of(location.join(entry.name)):
+        for name in sorted({base_holder(b) for b in bases_of(location.join(entry.name))}):
             base = listed.get(name)
             if base is None:
                 continue  # already gone: fsck reports the dangling reference
@@ -117,19 +132,32 @@ def keep_bases(
                 todo.append(base)
 
 
-def bases_of(location: Location) -> list[str]:
-    """The store names of the bases the restore point at ``location`` references (none when
-    it is not incremental or cannot be read up to its index)."""
-    reader = location.reader()
+def bases_of(location: Location, *, commit: bool = True) -> list[str]:
+    """The names of the bases the restore point at ``location`` references: its own, or a
+    commit's parts' (``RUN/STEM.parts/NAME``, each part's head and index read: bounded, one
+    part at a time; a "part" that is a commit names none). None when it is not incremental or
+    cannot be read up to its index (a missing part: verify reports it)."""
+    try:
+        reader = location.reader()
+    except NotFound:
+        return []
     try:
         prefix = read_prefix(reader)
         head = parse_head(prefix)
-        if DELTA_FEATURE not in head.manifest.required_features:
+        parts = head.manifest.parts if commit else None
+        if parts is None and DELTA_FEATURE not in head.manifest.required_features:
             return []
-        tail = read_tail(reader, prefix.data_start)
-        manifest = parse_index(head, tail, read_index(reader, tail))
+        if parts is None:
+            tail = read_tail(reader, prefix.data_start)
+            manifest = parse_index(head, tail, read_index(reader, tail))
     except (IntegrityError, NotFound):
         return []
     finally:
         reader.close()
+    if parts is not None:
+        names: list[str] = []
+        for ref in parts.objects:
+            found = bases_of(part_location(location, ref), commit=False)
+            names += [n for n in found if n not in names]
+        return names
     return [b.name for b in manifest.bases or ()]

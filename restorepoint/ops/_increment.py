@@ -13,17 +13,29 @@ from ..errors import NotFound, RestorePointError, SourceError
 from ..format import (
     Codec,
     Manifest,
+    PartOf,
+    PartRef,
+    read_head,
     restore_point_digest,
 )
 from ..format.delta import DELTA_FEATURE, Base, chunk_lengths, pack_cuts
 from ..format.limits import MAX_DELTA_BASES
 from ..format.writer import DeltaPlan
 from ..storage import Location
+from ._multipart import parts_prefix
 from ._open import open_manifest
 from ._source import SourceFile
 from .store import list_store
 
-__all__ = ["FULL_EVERY", "MIN_REUSE", "Planned", "enough_reuse", "plan_from", "plan_increment"]
+__all__ = [
+    "FULL_EVERY",
+    "MIN_REUSE",
+    "Planned",
+    "enough_reuse",
+    "plan_from",
+    "plan_increment",
+    "plan_part",
+]
 
 #: A full restore point at least every FULL_EVERY publishes: a restore point names at most
 #: FULL_EVERY - 1 bases (its base and that one's bases), so a reader opens that many objects.
@@ -56,26 +68,80 @@ def plan_increment(store: Location, run: str, chunk_size: int, codec: Codec) -> 
     if not entries:
         return Planned(None, "no earlier restore point of the run")
     newest = entries[0]
-    where = store.join(newest.name)
+    return _plan_on(store, newest.name, run, chunk_size, codec)
+
+
+def plan_part(part: Location, head: Manifest, codec: Codec) -> Planned:
+    """W4c for a part (spec section 28.7): what the part at ``part`` (of head ``head``, not yet
+    named by a commit) may reference of the part of the same rank (or the shared part) of the
+    run's newest commit, read through that commit's head (which must name it) and its own head
+    and index. A full part when the newest restore point is no commit or has no such part (a
+    first commit, another world size), and for the reasons of ``plan_increment``."""
+    assert head.part is not None
+    assert head.run is not None
+    run_prefix = part.up().up()  # STORE/RUN/STEM.parts/NAME -> STORE/RUN
+    store = run_prefix.up()
+    own = PartRef.name_for(head.part.rank)
+    try:
+        entries = list_store(store, run=head.run)
+    except NotFound:
+        entries = []
+    if not entries:
+        return Planned(None, "no earlier restore point of the run")
+    newest = entries[0]
+    reader = store.join(newest.name).reader()
+    try:
+        commit = read_head(reader).manifest
+    except RestorePointError:
+        return Planned(None, f"the newest restore point {newest.name} cannot be read")
+    finally:
+        reader.close()
+    ref = next((r for r in (commit.parts.objects if commit.parts else ()) if r.name == own), None)
+    if ref is None or commit.id == head.part.commit:
+        return Planned(None, f"the newest restore point {newest.name} has no part {own}")
+    name = f"{parts_prefix(newest.name)}/{own}"
+    return _plan_on(store, name, head.run, head.chunk_size, codec, part=(head.part, ref.digest))
+
+
+def _plan_on(  # noqa: PLR0913, PLR0911 - the base, what the new object must match; a reason each
+    store: Location,
+    name: str,
+    run: str,
+    chunk_size: int,
+    codec: Codec,
+    *,
+    part: tuple[PartOf, str] | None = None,
+) -> Planned:
+    """What a new object may reference of the object ``name`` of ``store`` (its head and
+    index only): a part (``part``: the new one's ``part`` member and the digest its commit
+    names) of the same rank whose digest is the one named, or a restore point that is none."""
+    where = store.join(name)
     reader = where.reader()
     try:
         opened = open_manifest(reader, need_key=False)
     except RestorePointError:
-        return Planned(None, f"the newest restore point {newest.name} cannot be read")
+        return Planned(None, f"the newest restore point {name} cannot be read")
     finally:
         reader.close()
     manifest, tail = opened.manifest, opened.tail
     assert manifest is not None
     assert tail is not None
     if manifest.run != run or DELTA_FEATURE not in manifest.required_features:
-        return Planned(None, f"the newest restore point {newest.name} names no chunks")
+        return Planned(None, f"the newest restore point {name} names no chunks")
     if manifest.chunk_size != chunk_size:
-        return Planned(None, f"the newest restore point {newest.name} has another chunk size")
+        return Planned(None, f"the newest restore point {name} has another chunk size")
     bases = manifest.bases or ()
     if len(bases) + 1 >= FULL_EVERY:
         return Planned(None, f"a full restore point every {FULL_EVERY}")
     digest = restore_point_digest(manifest.id, opened.head.head_sha256, tail.index_sha256)
-    return Planned(plan_from(newest.name, digest, manifest, codec), f"based on {newest.name}")
+    if part is not None:
+        new, named = part
+        found = manifest.part
+        if found is None or found.rank != new.rank or digest != named:
+            return Planned(None, f"{name} is not the part its commit names")
+    elif manifest.part is not None or manifest.parts is not None:
+        return Planned(None, f"the newest restore point {name} names no chunks")
+    return Planned(plan_from(name, digest, manifest, codec), f"based on {name}")
 
 
 def plan_from(name: str, digest: str, manifest: Manifest, codec: Codec) -> DeltaPlan:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import IntegrityError, NotFound, at_url
+from ..format.delta import base_holder
 from ..storage import Location, ObjectInfo, parse_partial
 from ._delta import bases_of
 from ._multipart import PARTS_SUFFIX, parts_prefix
@@ -309,7 +310,8 @@ def _check_restore_point(  # noqa: PLR0913, PLR0917 - one restore point, and its
     assert entry is not None
     where = location.join(name)
     report.restore_points += 1
-    dangling = [b for b in bases_of(where) if b not in listed]
+    # A commit's references are its parts': a part's base is held by its commit (28.7).
+    dangling = [b for b in bases_of(where) if base_holder(b) not in listed]
     if dangling:
         report.findings.append(
             Finding(

@@ -301,15 +301,16 @@ def _incremental(
     head: Manifest, location: Location, codec: Codec, *, store: bool, encrypted: object
 ) -> tuple[Manifest, Planned]:
     """The head of an incremental restore point (format 1.2, ``delta/1``) and what it may
-    reference of the run's newest restore point in the store (spec section 28.4)."""
-    from ._increment import plan_increment
+    reference of the run's newest restore point in the store (spec section 28.4), or, for a
+    part at ``location``, of its rank's part of the run's newest commit (28.7)."""
+    from ._increment import Planned, plan_increment, plan_part
 
-    if not store:
+    if head.parts is not None:
+        return head, Planned(None, "a commit holds no payload: each of its parts is planned")
+    if not store and head.part is None:
         raise UsageError("an incremental restore point goes into a store (a DEST ending in /)")
     if encrypted is not None:
         raise UsageError("an incremental restore point cannot be encrypted (yet)")
-    if head.parts is not None or head.part is not None:
-        raise UsageError("a multi-part restore point cannot be incremental (yet)")
     head = replace(
         head,
         format_version=DELTA_VERSION,
@@ -317,6 +318,8 @@ def _incremental(
     )
     entry_name(head)  # a run is needed
     assert head.run is not None
+    if head.part is not None:
+        return head, plan_part(location, head, codec)
     return head, plan_increment(location, head.run, head.chunk_size, codec)
 
 

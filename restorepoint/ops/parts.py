@@ -27,9 +27,10 @@ from typing import Any
 from ..errors import IntegrityError, UsageError
 from ..format import PartOf, PartRef, Parts
 from ..storage import Location
+from ._delta import bases_for
 from ._multipart import PARTS_SUFFIX, check_part, part_location, parts_prefix
 from ._naming import entry_name
-from .pack import pack_spec
+from .pack import PackResult, pack_spec
 from .publish import PublishResult, publish
 from .spec import HeadSpec, PackOptions, created_now
 from .store import KeepBest, _store
@@ -116,7 +117,10 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
     ranks share) of the commit ``plan`` describes, create-only under the commit's parts
     prefix. Nothing is a restore point until ``publish_commit`` names the part. With
     ``verify_it`` the part is read back and verified end to end, by this rank, before it is
-    named (what lets the prune after the commit trust its payload, spec 25.5). ``files_out``
+    named (what lets the prune after the commit trust its payload, spec 25.5). An incremental
+    part (``options.incremental``: it references its rank's part of the run's newest commit,
+    spec 28.7) is checked so, or without ``verify_it`` its bases are (bounded); when that
+    fails, a full part is published in its place. ``files_out``
     is filled with each packed file's size and sha256, as the part's index says them."""
     if rank is not None and not 0 <= rank < plan.world_size:
         raise UsageError(f"rank {rank} is not below the world size {plan.world_size}")
@@ -132,17 +136,50 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
         create_only=True,
         include=include,
     )
-    if verify_it and not options.encrypt_to:
-        # (An encrypted part can be read back only with a recipient's key, which a publisher
-        # need not hold.)
+    try:
+        _check_part(target, result, verify_it=verify_it and not options.encrypt_to)
+    except IntegrityError:
+        if not result.manifest.bases:
+            raise
+        # A base pruned or changed since W4c read it (spec 28.7): nothing names this part yet,
+        # so a full one takes its place under the same name.
+        target.delete()
+        result = pack_spec(
+            source,
+            target,
+            plan.part_spec(spec, rank),
+            replace(options, incremental=False),
+            into_store=False,
+            create_only=True,
+            include=include,
+        )
+        _check_part(target, result, verify_it=verify_it and not options.encrypt_to)
+    if files_out is not None and result.manifest.payload is not None:
+        files_out.update({e.path: (e.size, e.sha256) for e in result.manifest.payload})
+    return PartRef(name, rank, result.id, result.digest, result.size)
+
+
+def _check_part(target: Location, result: PackResult, *, verify_it: bool) -> None:
+    """The part just packed at ``target``, read back: end to end (through its references)
+    with ``verify_it`` (an encrypted part can be read back only with a recipient's key, which
+    a publisher need not hold); otherwise, for an incremental part, each base it names opened
+    and checked to be the one named (head and index, bounded: spec 28.7). IntegrityError
+    when it is not sound."""
+    if verify_it:
         report = verify(target)
         if (report.digest, report.size) != (result.digest, result.size):
             raise IntegrityError(
                 "the part read back is not the one packed", url=target.url, expected=result.digest
             )
-    if files_out is not None and result.manifest.payload is not None:
-        files_out.update({e.path: (e.size, e.sha256) for e in result.manifest.payload})
-    return PartRef(name, rank, result.id, result.digest, result.size)
+        return
+    bases = bases_for(target, result.manifest)
+    if bases is None:
+        return
+    try:
+        for base in result.manifest.bases or ():
+            bases.open(base)
+    finally:
+        bases.close()
 
 
 def publish_commit(  # noqa: PLR0913 - the commit's store, head, plan, parts and retention

@@ -374,7 +374,11 @@ def _open_parts(
                 opened.manifest.id, opened.head.head_sha256, opened.tail.index_sha256
             )
             check_part(commit, ref, opened.manifest, digest=digest, size=reader.size, url=where.url)
-        sources.append((opened.manifest, reader, opened.head.data_start, opened.cipher, None))
+        # An incremental part reads its frames from its bases, beside it (spec 28.7).
+        bases = bases_for(where, opened.manifest)
+        if bases is not None:
+            readers.append(bases)
+        sources.append((opened.manifest, reader, opened.head.data_start, opened.cipher, bases))
     check_part_paths(m for m, *_ in sources)
     return sources
 

@@ -196,8 +196,9 @@ class ResumableRun:
             # Under a stop or a reclaim notice (the store deadline), each chunk's codec mode is
             # chosen to land before the deadline (spec 13, W4b); every chunk probed otherwise.
             adaptive="deadline",
-            # Only what changed is uploaded (spec 28); a multi-rank run's parts are always full.
-            incremental=incremental and self._world == 1,
+            # Only what changed is uploaded (spec 28); with several ranks, each rank's part
+            # references its own part of the run's previous restore point (28.7).
+            incremental=incremental,
         )
         self.objects: dict[str, Any] = {}
         self.step = 0

@@ -120,6 +120,11 @@ class Location:
         holds it (a commit's parts, spec section 25)."""
         raise NotImplementedError
 
+    def up(self) -> Location:
+        """The prefix that holds this object (or prefix), as a location: where a part's base
+        lies, beside its commit's parts prefix (spec section 28.7)."""
+        raise NotImplementedError
+
     def list_objects(self) -> list[ObjectInfo]:
         """Every object under this prefix, recursively, partial names included, as the store
         holds them now: listing caches are bypassed, so an object another process published

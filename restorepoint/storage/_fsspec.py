@@ -280,6 +280,10 @@ class FsspecLocation(Location):
             f"{url.rsplit('/', 1)[0]}/{name}", self.fs, f"{path.rsplit('/', 1)[0]}/{name}"
         )
 
+    def up(self) -> Location:
+        url, path = self.url.rstrip("/"), self.path.rstrip("/")
+        return type(self)(url.rsplit("/", 1)[0], self.fs, path.rsplit("/", 1)[0])
+
     def list_objects(self) -> list[ObjectInfo]:
         root = self.path.rstrip("/")
         with translating(self.url):

@@ -126,6 +126,11 @@ class LocalLocation(Location):
         url = f"{url.rsplit('/', 1)[0]}/{name}" if "/" in url else name
         return LocalLocation(url, os.path.join(os.path.dirname(self.path), *name.split("/")))
 
+    def up(self) -> Location:
+        url = self.url.rstrip("/")
+        parent = url.rsplit("/", 1)[0] if "/" in url else "."
+        return LocalLocation(parent, os.path.dirname(self.path))
+
     def list_objects(self) -> list[ObjectInfo]:
         return sorted(self.iter_objects(), key=lambda o: o.name)
 

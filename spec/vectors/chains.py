@@ -13,14 +13,25 @@ import hashlib
 import io
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from restorepoint.format import Manifest, Position, Producer, Writer, Written, canonical_dumps
+from restorepoint.format import (
+    Manifest,
+    PartOf,
+    PartRef,
+    Parts,
+    Position,
+    Producer,
+    Writer,
+    Written,
+    canonical_dumps,
+)
 from restorepoint.format.delta import DELTA_FEATURE, DELTA_VERSION
 from restorepoint.format.layout import END_MAGIC, FOOTER
 from restorepoint.format.limits import zstd_bound
+from restorepoint.format.manifest import MULTIPART_FEATURE, MULTIPART_VERSION
 from restorepoint.ops._increment import plan_from
 
 CHAINS = "chains"
@@ -254,7 +265,106 @@ def build(frame: Callable[[bytes], bytes]) -> tuple[dict[str, bytes], list[Chain
         self_name,
         {},
     )
+    _parts(codec, out, add)
     return out, vectors
+
+
+def _rank_files(step: int, rank: int) -> dict[str, bytes]:
+    """A rank's own files: two chunks of its own that never change, and one that does."""
+    still = bytes([10 + rank]) * CHUNK + bytes([20 + rank]) * CHUNK
+    return {f"model.rank{rank}.pt": still + bytes([step // 100]) * 100}
+
+
+def _commit(
+    what: str,
+    step: int,
+    codec: _Frames,
+    out: dict[str, bytes],
+    plans: dict[int, Any] | None = None,
+) -> tuple[str, dict[int, tuple[str, Written]]]:
+    """A commit of two ranks and its parts (section 25), each part ``delta/1``, planned from
+    ``plans[rank]`` (none: a full part): the commit's store name, and each part's."""
+    head = _head(what, step)
+    commit_name = _name(head)
+    parts: dict[int, tuple[str, Written]] = {}
+    for rank in (0, 1):
+        part_head = replace(
+            head,
+            id=_id(f"{what}-rank{rank}"),
+            required_features=(DELTA_FEATURE, MULTIPART_FEATURE),
+            part=PartOf(head.id, rank, 2),
+        )
+        data, written = _write(part_head, _rank_files(step, rank), codec, (plans or {}).get(rank))
+        name = f"{commit_name.removesuffix('.rp')}.parts/{PartRef.name_for(rank)}"
+        out[f"{CHAINS}/{name}"] = data
+        parts[rank] = (name, written)
+    refs = tuple(
+        PartRef(PartRef.name_for(r), r, w.manifest.id, w.digest, w.size)
+        for r, (_, w) in sorted(parts.items())
+    )
+    commit_head = replace(
+        head,
+        required_features=(MULTIPART_FEATURE,),
+        format_version=MULTIPART_VERSION,
+        parts=Parts(2, False, refs),
+    )
+    out[f"{CHAINS}/{commit_name}"] = _write(commit_head, {}, codec)[0]
+    return commit_name, parts
+
+
+def _parts(codec: _Frames, out: dict[str, bytes], add: Callable[..., None]) -> None:
+    """Incremental parts (section 28.7): a commit whose parts each reference their rank's
+    part of an earlier commit, and parts with one fault each in what their base is."""
+    _, first = _commit("parts-base", 400, codec, out)
+
+    def plan(rank: int) -> Any:
+        name, written = first[rank]
+        return plan_from(name, written.digest, written.manifest, codec)  # type: ignore[arg-type]
+
+    plans = {r: plan(r) for r in (0, 1)}
+    name, parts = _commit("parts-valid", 500, codec, out, plans)
+    for rank in (0, 1):
+        bases = parts[rank][1].manifest.bases or ()
+        assert [b.name for b in bases] == [first[rank][0]]
+    files = {**_rank_files(500, 0), **_rank_files(500, 1)}
+    add(
+        "chain-parts-valid",
+        "A commit whose parts each reference the part of their rank of an earlier commit.",
+        None,
+        out[f"{CHAINS}/{name}"],
+        name,
+        files,
+    )
+    other = first[1]
+    swapped = f"{RUN}/{0:016d}-{STAMP}-{1:012x}.parts/rank-00000.rp"
+    out[f"{CHAINS}/{swapped}"] = out[f"{CHAINS}/{other[0]}"]
+    faults: list[tuple[str, str, str, Callable[[dict[str, Any]], None]]] = [
+        (
+            "chain-part-other-rank",
+            "A part of rank 0 names its base rank 1's part of the earlier commit.",
+            "MalformedManifest",
+            lambda i: i["bases"][0].update(name=other[0], digest=other[1].digest),
+        ),
+        (
+            "chain-part-swapped",
+            "A part of rank 0 names as its base an object laid under a rank 0 name that is "
+            "rank 1's part.",
+            "IntegrityError",
+            lambda i: i["bases"][0].update(name=swapped, digest=other[1].digest),
+        ),
+        (
+            "chain-part-other-run",
+            "A part names its base in another run's prefix.",
+            "MalformedManifest",
+            lambda i: i["bases"][0].update(name="r2/" + i["bases"][0]["name"].split("/", 1)[1]),
+        ),
+    ]
+    for n, (vector, fault, error, change) in enumerate(faults):
+        commit_name, made = _commit(vector, 600 + n, codec, out, plans)
+        # Only the faulty part is kept: it is verified on its own (section 25.4).
+        del out[f"{CHAINS}/{commit_name}"], out[f"{CHAINS}/{made[1][0]}"]
+        part_name = made[0][0]
+        add(vector, fault, error, _rewrite(out[f"{CHAINS}/{part_name}"], change), part_name, {})
 
 
 def index_bytes(
@@ -271,7 +381,9 @@ def check_outcome(here: Path, v: ChainVector, read: Callable[[str], Any]) -> lis
     if problems or report is None:
         return problems
     position = report.manifest.position.to_dict()
-    files = {e.path: e.sha256 for e in report.manifest.payload or ()}
+    # A commit's files are its parts'.
+    manifests = [report.manifest, *(p.manifest for p in report.parts)]
+    files = {e.path: e.sha256 for m in manifests for e in m.payload or ()}
     if position != v.position:
         problems.append(f"{v.name}: position {position}, expected {v.position}")
     if files != v.files:

@@ -381,7 +381,7 @@ def test_a_reader_without_delta_1_refuses_it_at_the_head(
         reader.close()
 
 
-def test_delta_1_goes_with_1_2_a_run_and_no_encryption() -> None:
+def test_delta_1_goes_with_1_2_a_run_no_encryption_and_no_commit() -> None:
     from restorepoint import MalformedManifest
     from restorepoint.ops.spec import HeadSpec as Spec
 
@@ -393,9 +393,17 @@ def test_delta_1_goes_with_1_2_a_run_and_no_encryption() -> None:
     assert manifest_module.Manifest.from_head_dict(head).required_features == ("delta/1",)
     with pytest.raises(MalformedManifest, match="needs a run"):
         manifest_module.Manifest.from_head_dict({**head, "run": None})
-    with pytest.raises(MalformedManifest, match="neither"):
+    # A part may be incremental (spec 28.7), a commit never (its payload is empty).
+    part = {"commit": "ab" * 16, "rank": 1, "world_size": 2}
+    both = ["delta/1", "multipart/1"]
+    parsed = manifest_module.Manifest.from_head_dict(
+        {**head, "required_features": both, "part": part}
+    )
+    assert parsed.part is not None
+    assert parsed.part.rank == 1
+    with pytest.raises(MalformedManifest, match="a commit is never"):
         manifest_module.Manifest.from_head_dict(
-            {**head, "required_features": ["delta/1", "multipart/1"], "part": None}
+            {**head, "required_features": both, "parts": {"world_size": 1}}
         )
 
 

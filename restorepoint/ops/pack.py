@@ -38,6 +38,7 @@ from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, st
 from ._cuts import cuts_for
 from ._naming import entry_name, is_store_url
 from ._source import InMemory, SourceFile, list_source
+from ._threads import default_threads
 from .spec import (
     CODECS,
     DEFAULT_CODEC,
@@ -118,10 +119,6 @@ def choose_codec(codec: str = DEFAULT_CODEC, level: int | None = DEFAULT_LEVEL) 
         return PlanesCodec(level) if codec == "auto" else ZstdCodec(level)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-
-
-def default_threads() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
 
 
 def pack(  # noqa: PLR0913 - public API: every head field and pack option as a keyword (pack_spec takes values)

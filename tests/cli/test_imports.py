@@ -140,6 +140,35 @@ def test_a_verb_on_a_local_store_loads_no_trainer_and_no_cloud(
     assert under(modules, HEAVY + SUBSYSTEMS) == []
 
 
+#: What a verify of a local, unsigned, unencrypted restore point needs none of: the other
+#: operations (pack, publish, prune, the gate, import, the config loader), the event loop (a
+#: retry of a cloud store), and cryptography (keys, signatures, ciphers).
+NOT_FOR_VERIFY = (
+    "restorepoint.ops._config",
+    "restorepoint.ops.gate",
+    "restorepoint.ops.handoff",
+    "restorepoint.ops.pack",
+    "restorepoint.ops.publish",
+    "restorepoint.ops.store",
+    "restorepoint.ops.unpack",
+    "restorepoint.trust.encryption",
+    "restorepoint.trust.keys",
+    "asyncio",
+    "cryptography",
+)
+
+
+def test_verify_loads_the_reader_and_nothing_it_does_not_use(local_restore_point: Path) -> None:
+    modules = loaded("cli", "verify", str(local_restore_point))
+    assert {"restorepoint.ops.verify", "restorepoint.format.reader"} <= modules  # it ran
+    assert under(modules, NOT_FOR_VERIFY + HEAVY + SUBSYSTEMS) == []
+    # The same through the library's public name.
+    modules = loaded(
+        "import", f"import restorepoint; restorepoint.verify({str(local_restore_point)!r})"
+    )
+    assert under(modules, NOT_FOR_VERIFY + HEAVY + SUBSYSTEMS) == []
+
+
 def test_pack_loads_yaml_only_for_a_yaml_config(tmp_path: Path) -> None:
     source = tmp_path / "ckpt"
     source.mkdir()

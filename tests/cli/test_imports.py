@@ -176,6 +176,8 @@ def test_pack_loads_yaml_only_for_a_yaml_config(tmp_path: Path) -> None:
     plain = loaded("cli", "pack", str(source), str(tmp_path / "a.rp"), "--step", "1")
     assert "restorepoint.ops.pack" in plain
     assert under(plain, HEAVY + SUBSYSTEMS) == []
+    # Neither signed nor encrypted, and to a local file: no cryptography, no event loop.
+    assert under(plain, ("cryptography", "asyncio", "restorepoint.trust.keys")) == []
     config = tmp_path / "train.yaml"
     config.write_text("lr: 0.1\n")
     with_config = loaded(

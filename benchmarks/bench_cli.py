@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -40,12 +41,26 @@ def cli() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "restorepoint"]
 
 
-def timed(cmd: list[str] | str, env: dict[str, str] | None = None) -> float:
+#: CPU seconds (user + system, the command and its children) of each command timed, by name:
+#: on a loaded machine the wall time says how much CPU the others left, the CPU time what the
+#: command itself needed.
+CPU: dict[str, list[float]] = {}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str] | str, env: dict[str, str] | None = None, name: str = "") -> float:
     subprocess.run(["sync"], check=True)
     time.sleep(0.5)
+    cpu = _children_cpu()
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, shell=isinstance(cmd, str), stdout=subprocess.DEVNULL, env=env)
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    CPU.setdefault(name, []).append(_children_cpu() - cpu)
+    return wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,19 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     tar = out / "out.tar.zst"
     pack = [*cli(), "pack", str(source), str(rp), "--step", "0"]
     commands: dict[str, Any] = {
-        "pack": lambda: (rp.unlink(missing_ok=True), timed(pack))[1],
+        "pack": lambda: (rp.unlink(missing_ok=True), timed(pack, name="pack"))[1],
         "tar": lambda: (tar.unlink(missing_ok=True), timed(
-            f"tar -I 'zstd -1 -T0' -cf {tar} -C {source} . && sha256sum {tar}"))[1],
-        "verify": lambda: timed([*cli(), "verify", str(rp)]),
-        "sha256sum": lambda: timed(["sha256sum", str(rp)]),
+            f"tar -I 'zstd -1 -T0' -cf {tar} -C {source} . && sha256sum {tar}", name="tar"))[1],
+        "verify": lambda: timed([*cli(), "verify", str(rp)], name="verify"),
+        "sha256sum": lambda: timed(["sha256sum", str(rp)], name="sha256sum"),
     }  # fmt: skip
     if args.baseline is not None:
         path = [str(args.baseline.resolve()), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         base_rp = out / "base.rp"
         base_pack = [*pack[:-3], str(base_rp), *pack[-2:]]
-        commands["base pack"] = lambda: (base_rp.unlink(missing_ok=True), timed(base_pack, env))[1]
-        commands["base verify"] = lambda: timed([*cli(), "verify", str(rp)], env)
+        commands["base pack"] = lambda: (
+            base_rp.unlink(missing_ok=True),
+            timed(base_pack, env, "base pack"),
+        )[1]
+        commands["base verify"] = lambda: timed([*cli(), "verify", str(rp)], env, "base verify")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     timed(pack)  # the object verify reads
@@ -104,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     verify_speed = statistics.median(t["sha256sum"] / t["verify"] for t in rounds)
     loads = [t["load"] for t in rounds]
     print(f"\nload average {min(loads):.2f} to {max(loads):.2f}")
+    cpu = {name: statistics.median(v[-args.repeat :]) for name, v in CPU.items() if name}
+    print("CPU seconds (median): " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()))
     if args.baseline is not None:
         base_pack_ratio = statistics.median(t["base pack"] / t["tar"] for t in rounds)
         base_verify = statistics.median(t["sha256sum"] / t["base verify"] for t in rounds)
@@ -114,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pack / (tar | zstd -1 -T0 + sha256sum): {pack_ratio:.2f} (goal <= 0.5)")
     print(f"verify speed / sha256sum: {verify_speed:.2f}x (goal >= 2.0x)")
     if args.json:
-        doc = {"rounds": rounds, "pack_ratio": pack_ratio, "verify_speed": verify_speed}
+        doc = {"rounds": rounds, "pack_ratio": pack_ratio, "verify_speed": verify_speed, "cpu": cpu}
         print(json.dumps({**doc, "sizes": sizes}, indent=1))
     return 0
 

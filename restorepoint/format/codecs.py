@@ -190,24 +190,6 @@ def split_planes(data: bytes, width: int) -> list[bytes]:
     return [data[k:end:width] for k in range(width)]
 
 
-def _split(data: bytes, width: int) -> list[Any]:
-    """The planes of ``split_planes``, each a buffer (bytes, or a numpy array when numpy is
-    there and the chunk is large): a slice of bytes holds the GIL for the whole split, which is
-    most of a planes encode, so pack's second encoding thread waited for it (docs/performance.md);
-    numpy's copies release it, block by block (``_BLOCK_ROWS``)."""
-    count = len(data) // width
-    numpy = _numpy() if count >= _NUMPY_MIN else None
-    if numpy is None:
-        return list(split_planes(data, width))
-    grid = numpy.frombuffer(data, numpy.uint8, count * width).reshape(count, width)
-    planes = [numpy.empty(count, numpy.uint8) for _ in range(width)]
-    for start in range(0, count, _BLOCK_ROWS):
-        block = grid[start : start + _BLOCK_ROWS]
-        for k, plane in enumerate(planes):
-            plane[start : start + _BLOCK_ROWS] = block[:, k]
-    return planes
-
-
 def merge_planes(planes: list[bytes | memoryview], tail: bytes | memoryview) -> bytes:
     """The inverse of split_planes: interleave the planes, then append the tail."""
     width = len(planes)
@@ -292,7 +274,10 @@ def _encode_planes(plain: bytes, width: int, candidates: int) -> bytes:
 def _planes_parts(plain: bytes, width: int, candidates: int) -> list[bytes]:
     """Byte planes of ``width``; the planes in ``candidates`` compressed where that saves a
     byte (the spec requires it), the others stored as they are."""
-    planes = _split(plain, width)
+    # Slices of bytes, holding the GIL (numpy's copies would release it): on two loaded cores,
+    # numpy's import and a copy of every plane it stores raw cost pack more CPU than the
+    # second encoding thread won (docs/performance.md, "The CLI at 512 MiB").
+    planes = split_planes(plain, width)
     parts: list[bytes] = [b""]
     mask = 0
     for k, plane in enumerate(planes):
@@ -302,7 +287,7 @@ def _planes_parts(plain: bytes, width: int, candidates: int) -> list[bytes]:
                 mask |= 1 << k
                 parts += [_U32.pack(len(frame)), frame]
                 continue
-        parts.append(bytes(plane))  # a copy of a numpy plane (memcpy), none of bytes
+        parts.append(plane)
     if not mask:
         return [_RAW, plain]
     parts.append(plain[len(plain) // width * width :])
@@ -402,9 +387,9 @@ def _merge(planes: list[Decoded], tail: Decoded, count: int, width: int) -> Deco
 
 #: Below this many elements a slice assignment is as fast as numpy's call overhead.
 _NUMPY_MIN = 1 << 14
-#: Rows of the (elements, width) grid that the numpy split and merge copy at a time: blocks of
-#: 32 Ki rows (128 KiB of a float32 chunk) stay in the core's cache, and cost 15% less CPU than
-#: one strided copy of the whole chunk (2.2 against 1.9 GB/s per core, docs/performance.md).
+#: Rows of the (elements, width) grid that the numpy merge copies at a time: blocks of 32 Ki
+#: rows (128 KiB of a float32 chunk) stay in the core's cache, and cost 15% less CPU than one
+#: strided copy of the whole chunk (2.3 against 1.9 GB/s per core, docs/performance.md).
 _BLOCK_ROWS = 1 << 15
 _NUMPY: list[Any] = []
 

@@ -94,6 +94,22 @@ def test_a_public_name_loads_its_module_on_first_use() -> None:
     assert under(modules, HEAVY + SUBSYSTEMS) == []
 
 
+def test_a_name_shared_with_its_module_stays_the_function_whatever_loads_first() -> None:
+    # restorepoint.ops resolves its names lazily; the import system binds a submodule to its
+    # package's attribute when it loads, and pack, publish and verify are both.
+    code = (
+        "import restorepoint.ops.verify, restorepoint.ops.pack, restorepoint.ops.publish\n"
+        "import restorepoint.ops as ops\n"
+        "from restorepoint.ops import pack, publish, verify\n"
+        "assert all(callable(f) for f in (pack, publish, verify, ops.pack, ops.verify))\n"
+        "assert ops.verify.__module__ == 'restorepoint.ops.verify'\n"
+        "import restorepoint\n"
+        "assert restorepoint.pack is pack and restorepoint.verify is verify\n"
+    )
+    modules = loaded("import", code)
+    assert "restorepoint.ops.publish" in modules
+
+
 def test_version_loads_neither_typer_nor_any_verb() -> None:
     modules = loaded("cli", "--version")
     assert under(modules, HEAVY + SUBSYSTEMS) == []

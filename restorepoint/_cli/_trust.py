@@ -32,18 +32,23 @@ def build_trust(
 ) -> Trust:
     """The options' trust policy; without --trust, the fleet's (``$RESTOREPOINT_TRUST``), with
     --require-signature added to it."""
-    from ..trust import Trust, load_identity, load_public
+    from ..trust import Trust
 
-    key = load_identity(identity) if identity is not None else None
+    key = None
+    if identity is not None:
+        from ..trust import load_identity  # cryptography: only with a key to load
+
+        key = load_identity(identity)
     if not trusted:
         fleet = Trust.from_environment(identity=key)
         if fleet.trusted:
             return Trust(fleet.trusted, fleet.require_signature or require, key)
-    return Trust(
-        trusted=tuple(load_public(p, "signing").raw for p in trusted or []),
-        require_signature=require,
-        identity=key,
-    )
+    keys: tuple[bytes, ...] = ()
+    if trusted:
+        from ..trust import load_public
+
+        keys = tuple(load_public(p, "signing").raw for p in trusted)
+    return Trust(trusted=keys, require_signature=require, identity=key)
 
 
 def keygen_command(

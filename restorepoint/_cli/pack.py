@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +22,11 @@ from ._common import (
     show_progress,
 )
 from ._expect import command_line_view
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ..trust import PublicKey
 
 
 def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each refused or honoured here
@@ -150,7 +155,6 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
         from ..ops.publish import HeadSpec, PackOptions, publish
         from ..ops.store import KeepBest
         from ..storage import store_deadline
-        from ..trust import load_public, load_signing_key
 
         if batch is not None and epoch is None:
             raise UsageError("--batch needs --epoch")
@@ -193,8 +197,8 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
             level=level,
             codec=codec,
             object_sha256=object_sha256,
-            sign=tuple(load_signing_key(p) for p in sign or []),
-            encrypt_to=tuple(load_public(p, "encryption") for p in encrypt_to or []),
+            sign=_signing_keys(sign),
+            encrypt_to=_encryption_keys(encrypt_to),
             incremental=incremental,
         )
         with (
@@ -229,6 +233,22 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
             print_json(done.to_dict())
 
     run(json_, body)
+
+
+def _signing_keys(paths: list[Path] | None) -> tuple[Ed25519PrivateKey, ...]:
+    if not paths:
+        return ()  # and cryptography stays unloaded (25 ms of start-up)
+    from ..trust import load_signing_key
+
+    return tuple(load_signing_key(p) for p in paths)
+
+
+def _encryption_keys(paths: list[Path] | None) -> tuple[PublicKey, ...]:
+    if not paths:
+        return ()
+    from ..trust import load_public
+
+    return tuple(load_public(p, "encryption") for p in paths)
 
 
 def parse_metrics(pairs: list[str] | None) -> dict[str, int | float]:

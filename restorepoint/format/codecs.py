@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -275,6 +274,9 @@ def _encode_planes(plain: bytes, width: int, candidates: int) -> bytes:
 def _planes_parts(plain: bytes, width: int, candidates: int) -> list[bytes]:
     """Byte planes of ``width``; the planes in ``candidates`` compressed where that saves a
     byte (the spec requires it), the others stored as they are."""
+    # Slices of bytes, holding the GIL (numpy's copies would release it): on two loaded cores,
+    # numpy's import and a copy of every plane it stores raw cost pack more CPU than the
+    # second encoding thread won (docs/performance.md, "The CLI at 512 MiB").
     planes = split_planes(plain, width)
     parts: list[bytes] = [b""]
     mask = 0
@@ -327,9 +329,7 @@ def decode_planes(stored: bytes, plain_length: int) -> Decoded:  # noqa: PLR0912
         raise DecodeError(f"plane mask {mask:#04x} names a plane beyond width {width}")
     count, rest = divmod(plain_length, width)
     pos = 3
-    out = bytearray(plain_length)
-    end = count * width
-    merge = _plane_merger(out, count, width)
+    planes: list[Decoded] = []
     for k in range(width):
         if mask >> k & 1:
             if pos + 4 > len(stored):
@@ -342,12 +342,12 @@ def decode_planes(stored: bytes, plain_length: int) -> Decoded:  # noqa: PLR0912
                 )
             if pos + length > len(stored):
                 raise DecodeError(f"a planes chunk ends inside plane {k}")
-            merge(k, _zstd_decode(view[pos : pos + length], count))
+            planes.append(_zstd_decode(view[pos : pos + length], count))
             pos += length
         else:
             if pos + count > len(stored):
                 raise DecodeError(f"a planes chunk ends inside plane {k}")
-            merge(k, view[pos : pos + count])
+            planes.append(view[pos : pos + count])
             pos += count
     if len(stored) - pos != rest:
         raise DecodeError(
@@ -355,35 +355,42 @@ def decode_planes(stored: bytes, plain_length: int) -> Decoded:  # noqa: PLR0912
             expected=rest,
             found=len(stored) - pos,
         )
-    out[end:] = view[pos:]
-    return memoryview(out).toreadonly()
+    return _merge(planes, view[pos:], count, width)
 
 
-def _plane_merger(out: bytearray, count: int, width: int) -> Callable[[int, Decoded], None]:
-    """What puts plane k back in its place in ``out`` (every width-th byte from byte k). With
-    numpy, a strided copy that releases the GIL: the merge is most of a planes decode, and
-    holding the GIL in it left a reader's second core idle (verify, an import: 1.4 GB/s on two
-    threads against 2.3 with numpy, docs/performance.md). Without numpy (it is no dependency
-    of the format), a slice assignment of bytearray, which holds the GIL. numpy is imported
-    at the first chunk that needs it, never by an object without planes."""
+def _merge(planes: list[Decoded], tail: Decoded, count: int, width: int) -> Decoded:
+    """The chunk: plane k back in its place (every width-th byte from byte k), then the tail.
+    With numpy, strided copies that release the GIL, block by block: the merge is most of a
+    planes decode, and holding the GIL in it left a reader's second core idle (verify, an
+    import: 1.4 GB/s on two threads against 2.3 with numpy, docs/performance.md); into an
+    uninitialised array, since every byte of it is written. Without numpy (it is no dependency
+    of the format), slice assignments of a bytearray, which hold the GIL. numpy is imported at
+    the first chunk that needs it, never by an object without planes."""
     end = count * width
     numpy = _numpy() if count >= _NUMPY_MIN else None
     if numpy is None:
-
-        def by_slices(k: int, plane: Decoded) -> None:
+        out = bytearray(end + len(tail))
+        for k, plane in enumerate(planes):
             out[k:end:width] = plane
-
-        return by_slices
-    grid = numpy.frombuffer(out, numpy.uint8, end).reshape(count, width)
-
-    def by_numpy(k: int, plane: Decoded) -> None:
-        grid[:, k] = numpy.frombuffer(plane, numpy.uint8)
-
-    return by_numpy
+        out[end:] = tail
+        return memoryview(out).toreadonly()
+    array = numpy.empty(end + len(tail), numpy.uint8)
+    grid = array[:end].reshape(count, width)
+    sources = [numpy.frombuffer(plane, numpy.uint8) for plane in planes]
+    for start in range(0, count, _BLOCK_ROWS):
+        block = grid[start : start + _BLOCK_ROWS]
+        for k, source in enumerate(sources):
+            block[:, k] = source[start : start + _BLOCK_ROWS]
+    array[end:] = numpy.frombuffer(tail, numpy.uint8)
+    return memoryview(array).toreadonly()
 
 
 #: Below this many elements a slice assignment is as fast as numpy's call overhead.
 _NUMPY_MIN = 1 << 14
+#: Rows of the (elements, width) grid that the numpy merge copies at a time: blocks of 32 Ki
+#: rows (128 KiB of a float32 chunk) stay in the core's cache, and cost 15% less CPU than one
+#: strided copy of the whole chunk (2.3 against 1.9 GB/s per core, docs/performance.md).
+_BLOCK_ROWS = 1 << 15
 _NUMPY: list[Any] = []
 
 

@@ -8,9 +8,7 @@ any payload byte is read (and before an import writes anything)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DecryptionError, SignatureError
 from ..format import (
@@ -24,7 +22,12 @@ from ..format import (
     read_prefix,
     read_tail,
 )
-from ..trust import NO_TRUST, SignatureCheck, StreamCipher, Trust, check_block, open_file_key
+from ..trust import NO_TRUST, SignatureCheck, Trust, check_block
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from ..trust import StreamCipher
 
 __all__ = ["NO_TRUST", "Opened", "Trust", "open_head", "open_manifest"]
 
@@ -107,5 +110,7 @@ def cipher_for(manifest: Manifest, identity: X25519PrivateKey | None) -> StreamC
     if identity is None:
         raise DecryptionError("the payload is encrypted: give the recipient's key (--identity KEY)")
     assert manifest.encryption is not None
+    from ..trust import StreamCipher, open_file_key  # cryptography: only for an encrypted payload
+
     encryption: dict[str, Any] = dict(manifest.encryption)
     return StreamCipher(open_file_key(encryption, identity), manifest.id)

@@ -20,7 +20,7 @@ from ..storage import Location, resolve
 from ._delta import bases_for
 from ._naming import entry_name, is_store_url
 from ._open import open_manifest
-from .pack import default_threads
+from ._threads import default_threads
 
 __all__ = ["MaterializeResult", "materialize"]
 

@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from ..errors import SourceError, UsageError, at_url
 from ..format import (
     Codec,
@@ -34,10 +32,10 @@ from ..format.limits import CHUNK_SIZE_DEFAULT
 from ..format.manifest import ENCRYPTION_FEATURE
 from ..format.writer import DeltaPlan
 from ..storage import Location, deadline_left, resolve
-from ..trust import PublicKey, StreamCipher, recipients_for, signature_block, statement
 from ._cuts import cuts_for
 from ._naming import entry_name, is_store_url
 from ._source import InMemory, SourceFile, list_source
+from ._threads import default_threads
 from .spec import (
     CODECS,
     DEFAULT_CODEC,
@@ -49,6 +47,9 @@ from .spec import (
 )
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ..trust import PublicKey, StreamCipher
     from ._increment import Planned
 
 __all__ = [
@@ -118,10 +119,6 @@ def choose_codec(codec: str = DEFAULT_CODEC, level: int | None = DEFAULT_LEVEL) 
         return PlanesCodec(level) if codec == "auto" else ZstdCodec(level)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-
-
-def default_threads() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
 
 
 def pack(  # noqa: PLR0913 - public API: every head field and pack option as a keyword (pack_spec takes values)
@@ -237,6 +234,8 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
     if encrypt_to:
         if any(k.kind != "encryption" for k in encrypt_to):
             raise UsageError("--encrypt-to needs X25519 public keys (keygen --for encryption)")
+        from ..trust import StreamCipher, recipients_for  # cryptography: only to encrypt
+
         file_key, encryption = recipients_for(encrypt_to)
         head = replace(
             head,
@@ -246,6 +245,8 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
         cipher = StreamCipher(file_key, head.id)
     signer = None
     if sign:
+        from ..trust import signature_block, statement  # cryptography: only to sign
+
         keys = list(sign)
         rp_id = head.id
 

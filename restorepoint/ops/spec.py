@@ -9,9 +9,7 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..errors import ConfigError, IntegrityError, UsageError
@@ -33,9 +31,13 @@ from ..format.identity import check_operational_key
 from ..format.limits import CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CHUNK_SIZE_MIN
 from ..format.manifest import RUN_PATTERN
 from ..format.metrics import check_metrics
-from ..trust import PublicKey
 from ._config import check_json_data
 from .gate import UNSET, Expectations
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ..trust import PublicKey
 
 __all__ = [
     "CODECS",

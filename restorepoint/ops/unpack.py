@@ -56,6 +56,7 @@ from ._multipart import check_part, check_part_paths, missing_part, part_locatio
 from ._open import NO_TRUST, Trust, open_head, open_manifest
 from ._staging import Staged, StagingWriter, Tree, new_name
 from ._staging import clean_leftovers as _clean_leftovers
+from ._threads import default_threads
 from .gate import (
     CLI_HINTS,
     CheckResult,
@@ -65,7 +66,6 @@ from .gate import (
     refuse,
     world_mismatch,
 )
-from .pack import default_threads
 
 __all__ = ["Contents", "ImportResult", "import_restore_point"]
 #: The staging tree by its old name (tests patch it here).

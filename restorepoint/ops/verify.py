@@ -18,7 +18,7 @@ from ..storage import Location, resolve
 from ._delta import bases_for
 from ._multipart import check_part, check_part_paths, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_manifest
-from .pack import default_threads
+from ._threads import default_threads
 
 __all__ = ["VerifyReport", "inspect_restore_point", "read_head_of", "read_manifest", "verify"]
 

@@ -21,7 +21,6 @@ each :func:`~restorepoint.storage.resolve`:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
@@ -209,6 +208,8 @@ async def retry_async(call: Callable[[], Awaitable[T]], what: str = "request") -
                     f"storage failing and the deadline is near: {what} not retried after "
                     f"{tries} {'try' if tries == 1 else 'tries'} ({type(exc).__name__}: {exc})"
                 ) from exc
+            import asyncio  # here: a local store's reader never loads the event loop's 15 ms
+
             await asyncio.sleep(wait)
 
 

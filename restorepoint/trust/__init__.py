@@ -1,20 +1,54 @@
-"""Trust: signed restore points and encrypted payloads. Leans only on restorepoint.format."""
+"""Trust: signed restore points and encrypted payloads. Leans only on restorepoint.format.
+
+The names below load their module on first use, and the modules load ``cryptography`` where
+a key, a signature or a cipher is used: a reader of an unsigned, unencrypted restore point
+(``restorepoint verify``) does not pay for it."""
 
 from __future__ import annotations
 
-from .encryption import FEATURE, SCHEME, StreamCipher, open_file_key, recipients_for
-from .keys import (
-    PublicKey,
-    generate,
-    key_id,
-    load_identity,
-    load_private,
-    load_public,
-    load_signing_key,
-    raw_public,
-)
-from .policy import NO_TRUST, Trust, trust_policy
-from .signing import PAYLOAD_TYPE, SignatureCheck, check_block, pae, signature_block, statement
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .encryption import FEATURE, SCHEME, StreamCipher, open_file_key, recipients_for
+    from .keys import (
+        PublicKey,
+        generate,
+        key_id,
+        load_identity,
+        load_private,
+        load_public,
+        load_signing_key,
+        raw_public,
+    )
+    from .policy import NO_TRUST, Trust, trust_policy
+    from .signing import PAYLOAD_TYPE, SignatureCheck, check_block, pae, signature_block, statement
+
+#: Where each public name lives.
+_LAZY: dict[str, str] = {
+    "FEATURE": "encryption",
+    "SCHEME": "encryption",
+    "StreamCipher": "encryption",
+    "open_file_key": "encryption",
+    "recipients_for": "encryption",
+    "PublicKey": "keys",
+    "generate": "keys",
+    "key_id": "keys",
+    "load_identity": "keys",
+    "load_private": "keys",
+    "load_public": "keys",
+    "load_signing_key": "keys",
+    "raw_public": "keys",
+    "NO_TRUST": "policy",
+    "Trust": "policy",
+    "trust_policy": "policy",
+    "PAYLOAD_TYPE": "signing",
+    "SignatureCheck": "signing",
+    "check_block": "signing",
+    "pae": "signing",
+    "signature_block": "signing",
+    "statement": "signing",
+}
 
 __all__ = [
     "FEATURE",
@@ -40,3 +74,16 @@ __all__ = [
     "statement",
     "trust_policy",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once: later lookups do not come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

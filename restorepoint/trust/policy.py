@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from .keys import load_public
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 __all__ = ["NO_TRUST", "REQUIRE_ENV", "TRUST_ENV", "Trust", "trust_policy"]
 
@@ -51,6 +52,8 @@ class Trust:
         value = os.environ.get(TRUST_ENV, "").strip()
         if not value:
             return cls(identity=identity)
+        from .keys import load_public  # with cryptography: only when a fleet policy is set
+
         paths = [p.strip() for p in value.split(",") if p.strip()]
         keys = tuple(load_public(p, "signing").raw for p in paths)
         require = os.environ.get(REQUIRE_ENV, "1").strip().lower() not in ("0", "false", "no")

@@ -18,14 +18,17 @@ import base64
 import binascii
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from ..errors import MalformedManifest, SignatureError
 from ..format import canonical_dumps, strict_loads
 from ..format.statement import STATEMENT_FORMAT, statement
-from .keys import key_id, raw_public
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+# cryptography (25 ms to import) is loaded where a signature is made or checked, not by a
+# reader of an unsigned restore point.
 
 __all__ = [
     "PAYLOAD_TYPE",
@@ -48,6 +51,8 @@ def pae(payload_type: str, body: bytes) -> bytes:
 
 def signature_block(body: bytes, signers: Iterable[Ed25519PrivateKey]) -> bytes:
     """The signature block for a statement, signed by every key in ``signers``."""
+    from .keys import key_id, raw_public
+
     message = pae(PAYLOAD_TYPE, body)
     signatures = []
     for key in signers:
@@ -131,6 +136,11 @@ def check_block(  # noqa: PLR0912 - one branch per signature-block rule of spec 
     trusted_by: list[str] = []
     if not doc["signatures"]:
         raise SignatureError("signature block holds no signature")
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from .keys import key_id
+
     for i, item in enumerate(doc["signatures"]):
         if not isinstance(item, dict):
             raise SignatureError(f"signature {i}: not an object")

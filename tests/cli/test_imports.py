@@ -94,6 +94,22 @@ def test_a_public_name_loads_its_module_on_first_use() -> None:
     assert under(modules, HEAVY + SUBSYSTEMS) == []
 
 
+def test_a_name_shared_with_its_module_stays_the_function_whatever_loads_first() -> None:
+    # restorepoint.ops resolves its names lazily; the import system binds a submodule to its
+    # package's attribute when it loads, and pack, publish and verify are both.
+    code = (
+        "import restorepoint.ops.verify, restorepoint.ops.pack, restorepoint.ops.publish\n"
+        "import restorepoint.ops as ops\n"
+        "from restorepoint.ops import pack, publish, verify\n"
+        "assert all(callable(f) for f in (pack, publish, verify, ops.pack, ops.verify))\n"
+        "assert ops.verify.__module__ == 'restorepoint.ops.verify'\n"
+        "import restorepoint\n"
+        "assert restorepoint.pack is pack and restorepoint.verify is verify\n"
+    )
+    modules = loaded("import", code)
+    assert "restorepoint.ops.publish" in modules
+
+
 def test_version_loads_neither_typer_nor_any_verb() -> None:
     modules = loaded("cli", "--version")
     assert under(modules, HEAVY + SUBSYSTEMS) == []
@@ -140,6 +156,35 @@ def test_a_verb_on_a_local_store_loads_no_trainer_and_no_cloud(
     assert under(modules, HEAVY + SUBSYSTEMS) == []
 
 
+#: What a verify of a local, unsigned, unencrypted restore point needs none of: the other
+#: operations (pack, publish, prune, the gate, import, the config loader), the event loop (a
+#: retry of a cloud store), and cryptography (keys, signatures, ciphers).
+NOT_FOR_VERIFY = (
+    "restorepoint.ops._config",
+    "restorepoint.ops.gate",
+    "restorepoint.ops.handoff",
+    "restorepoint.ops.pack",
+    "restorepoint.ops.publish",
+    "restorepoint.ops.store",
+    "restorepoint.ops.unpack",
+    "restorepoint.trust.encryption",
+    "restorepoint.trust.keys",
+    "asyncio",
+    "cryptography",
+)
+
+
+def test_verify_loads_the_reader_and_nothing_it_does_not_use(local_restore_point: Path) -> None:
+    modules = loaded("cli", "verify", str(local_restore_point))
+    assert {"restorepoint.ops.verify", "restorepoint.format.reader"} <= modules  # it ran
+    assert under(modules, NOT_FOR_VERIFY + HEAVY + SUBSYSTEMS) == []
+    # The same through the library's public name.
+    modules = loaded(
+        "import", f"import restorepoint; restorepoint.verify({str(local_restore_point)!r})"
+    )
+    assert under(modules, NOT_FOR_VERIFY + HEAVY + SUBSYSTEMS) == []
+
+
 def test_pack_loads_yaml_only_for_a_yaml_config(tmp_path: Path) -> None:
     source = tmp_path / "ckpt"
     source.mkdir()
@@ -147,6 +192,8 @@ def test_pack_loads_yaml_only_for_a_yaml_config(tmp_path: Path) -> None:
     plain = loaded("cli", "pack", str(source), str(tmp_path / "a.rp"), "--step", "1")
     assert "restorepoint.ops.pack" in plain
     assert under(plain, HEAVY + SUBSYSTEMS) == []
+    # Neither signed nor encrypted, and to a local file: no cryptography, no event loop.
+    assert under(plain, ("cryptography", "asyncio", "restorepoint.trust.keys")) == []
     config = tmp_path / "train.yaml"
     config.write_text("lr: 0.1\n")
     with_config = loaded(

@@ -187,6 +187,28 @@ def test_real_weights_round_trip_bit_for_bit(checkpoint: Path) -> None:
             assert CODEC.decode(CODEC.encode(chunk), len(chunk)) == chunk
 
 
+@pytest.mark.parametrize("width", [2, 4])
+def test_numpy_and_slices_merge_the_same_bytes(
+    checkpoint: Path, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large chunks are merged with numpy (the GIL released, block by block, into an
+    uninitialised array), small ones and a process without numpy by slices of a bytearray:
+    the same plain bytes either way. Lengths with a tail, and past a block of rows."""
+    pytest.importorskip("numpy")
+    data = (checkpoint / ("model" if width == 4 else "model-bf16") / "encoder.pt").read_bytes()
+    rows = planes._NUMPY_MIN + planes._BLOCK_ROWS + 7
+    for n in (rows * width, rows * width + width - 1, 4 << 20):
+        chunk = data[:n]
+        parts = planes._planes_parts(chunk, width, (1 << width) - 1)
+        assert parts[0][0] == planes.MODE_PLANES
+        stored = b"".join(parts)
+        for numpy in (True, False):
+            monkeypatch.setattr(planes, "_NUMPY", [] if numpy else [None])
+            decoded = planes.decode_planes(stored, n)
+            assert isinstance(decoded, memoryview) and decoded.readonly
+            assert decoded == chunk
+
+
 def test_real_weights_pack_smaller_than_with_zstd_alone(checkpoint: Path, tmp_path: Path) -> None:
     sizes = {}
     for name in ("model", "model-bf16"):

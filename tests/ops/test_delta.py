@@ -163,7 +163,7 @@ def test_a_run_of_referenced_frames_is_read_in_few_ranged_reads(
 ) -> None:
     """One request per BASE_READ_SPAN of a run, not one per frame (on S3 each is a GET); each
     read stays within the span, so memory stays bounded."""
-    from restorepoint.format.reader import BASE_READ_SPAN
+    from restorepoint.format.references import BASE_READ_SPAN
     from restorepoint.ops import _delta
 
     store = f"{tmp_path}/store/"
@@ -553,3 +553,46 @@ def test_an_incremental_one_whose_base_went_away_is_replaced_by_a_full_one(
     assert not replaced.manifest.bases
     assert verify(replaced.url).files == 2
     assert latest(url, verify_it=True).url == replaced.url
+
+
+def test_the_check_after_the_commit_reads_no_payload_and_catches_a_changed_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spec 28.4: after the commit every base is opened as R9a opens it and every reference is
+    placed inside one, with no frame read (frames are checked at every read); a base that is
+    not the one named (here: replaced by another restore point under its name) fails it."""
+    from restorepoint.ops import _delta
+    from restorepoint.ops._delta import check_bases
+    from restorepoint.ops.publish import _verified_or_full
+
+    url = f"{tmp_path}/store/"
+    frozen = os.urandom(FROZEN)
+    src = tmp_path / "src"
+    _write(src, frozen, 1)
+    first = _publish(src, url, 1)
+    reads: list[int] = []
+    read_range = _delta._Region.read_range
+
+    def counted(self: Any, start: int, end: int) -> bytes:
+        reads.append(end - start)
+        return read_range(self, start, end)
+
+    monkeypatch.setattr(_delta._Region, "read_range", counted)
+    _write(src, frozen, 2)
+    second = _publish(src, url, 2)
+    assert [b.name for b in second.manifest.bases or ()] == [first.url.split("/store/")[1]]
+    assert reads == []  # no frame of the base was read by the publish
+    # The base replaced by another restore point under its name: its digest differs.
+    other = publish(
+        str(src), f"{tmp_path}/other.rp", HeadSpec(position=1, run="r1"),
+        PackOptions(incremental=False, chunk_size=MIB, codec="none"),
+    )  # fmt: skip
+    shutil.copyfile(other.url, first.url)
+    with pytest.raises(IntegrityError, match="has changed"):
+        check_bases(resolve(second.url), second.manifest)
+    opts = PackOptions(incremental=True, chunk_size=MIB, codec="none")
+    replaced = _verified_or_full(
+        second.pack, str(src), resolve(url), HeadSpec(position=2, run="r1"), opts, None
+    )
+    assert replaced.url != second.url and not replaced.manifest.bases
+    assert reads == []

@@ -5,7 +5,7 @@ no payload byte is read), and the writer's policy for when to publish a full one
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -23,7 +23,16 @@ from ._open import open_manifest
 from ._source import SourceFile
 from .store import list_store
 
-__all__ = ["FULL_EVERY", "MIN_REUSE", "Planned", "enough_reuse", "plan_from", "plan_increment"]
+__all__ = [
+    "FULL_EVERY",
+    "MIN_REUSE",
+    "SAMPLE_BYTES",
+    "Planned",
+    "enough_reuse",
+    "plan_from",
+    "plan_increment",
+    "sample_points",
+]
 
 #: A full restore point at least every FULL_EVERY publishes: a restore point names at most
 #: FULL_EVERY - 1 bases (its base and that one's bases), so a reader opens that many objects.
@@ -31,6 +40,13 @@ FULL_EVERY = 8
 #: A full restore point when the new one would reuse less than this fraction of its plain
 #: bytes: the state changes too much for references (and their verification) to pay.
 MIN_REUSE = 0.25
+#: The writer estimates the reuse from the chunks under this many byte positions spread evenly
+#: over the state (fewer for large chunks: SAMPLE_BYTES worth, at least MIN_SAMPLE_POINTS), so
+#: that deciding costs a bounded read, not a second read of the source; a state of at most
+#: SAMPLE_BYTES is hashed whole. Measured: docs/performance.md, "Incremental restore points".
+SAMPLE_POINTS = 32
+MIN_SAMPLE_POINTS = 8
+SAMPLE_BYTES = 32 << 20
 
 assert FULL_EVERY <= MAX_DELTA_BASES
 
@@ -111,28 +127,97 @@ def enough_reuse(
     plan: DeltaPlan,
 ) -> bool:
     """Whether a restore point of ``files`` (chunked at ``cuts``) would reuse at least
-    MIN_REUSE of its plain bytes from ``plan`` (W4c): each chunk hashed before any frame is
-    written, one chunk in memory at a time; it stops as soon as the answer is known."""
-    total = sum(f.size for f in files)
-    want = MIN_REUSE * total
-    reused = 0
-    left = total
-    for item, item_cuts in zip(files, cuts, strict=True):
-        lengths = chunk_lengths(item.size, chunk_size, pack_cuts(item_cuts) if item_cuts else None)
+    MIN_REUSE of its plain bytes from ``plan`` (W4c), decided before any frame is written and
+    without a second read of the source: the chunks under ``sample_points`` byte positions
+    spread evenly over the state are hashed, and the fraction of those positions that fall in
+    a chunk the plan holds is the estimate (each chunk is hit in proportion to its length). A
+    state of at most SAMPLE_BYTES is hashed whole, which is exact. The actual reuse is what
+    the restore point's index then says (``PackResult.reused``)."""
+    chunks = [
+        (number, start, length)
+        for number, (item, item_cuts) in enumerate(zip(files, cuts, strict=True))
+        for start, length in _spans(item.size, chunk_size, item_cuts)
+    ]
+    total = sum(length for _, _, length in chunks)
+    if total == 0:
+        return False
+    if total <= SAMPLE_BYTES:
+        weights = {chunk: chunk[2] for chunk in chunks}
+    else:
+        weights = _sampled(chunks, total, sample_points(chunk_size))
+    hit = sum(w for chunk, w in _held(files, weights, plan))
+    return hit >= MIN_REUSE * sum(weights.values())
+
+
+def sample_points(chunk_size: int) -> int:
+    """How many byte positions the estimate samples: SAMPLE_BYTES worth of chunks, at least
+    MIN_SAMPLE_POINTS and at most SAMPLE_POINTS."""
+    return max(MIN_SAMPLE_POINTS, min(SAMPLE_POINTS, SAMPLE_BYTES // chunk_size))
+
+
+def _spans(size: int, chunk_size: int, cuts: list[int] | None) -> list[tuple[int, int]]:
+    """Each chunk of a file as (where it starts, its length)."""
+    out = []
+    at = 0
+    for length in chunk_lengths(size, chunk_size, pack_cuts(cuts) if cuts else None):
+        out.append((at, length))
+        at += length
+    return out
+
+
+def _sampled(
+    chunks: list[tuple[int, int, int]], total: int, points: int
+) -> dict[tuple[int, int, int], int]:
+    """The chunks under ``points`` positions spread evenly over ``total`` bytes (the middle of
+    each of ``points`` equal slices), each with the number of positions it lies under."""
+    weights: dict[tuple[int, int, int], int] = {}
+    i = 0
+    end = chunks[0][2]
+    for k in range(points):
+        at = (2 * k + 1) * total // (2 * points)
+        while at >= end:
+            i += 1
+            end += chunks[i][2]
+        weights[chunks[i]] = weights.get(chunks[i], 0) + 1
+    return weights
+
+
+def _held(
+    files: Sequence[SourceFile], weights: dict[tuple[int, int, int], int], plan: DeltaPlan
+) -> Iterator[tuple[tuple[int, int, int], int]]:
+    """The chunks of ``weights`` whose sha256 the plan holds, each read once, in file order;
+    a stream that cannot seek (none of the pack's sources today) is read up to each one."""
+    by_file: dict[int, list[tuple[int, int, int]]] = {}
+    for chunk in sorted(weights):
+        by_file.setdefault(chunk[0], []).append(chunk)
+    for number, wanted in by_file.items():
+        item = files[number]
         try:
             stream: BinaryIO = (
                 item.opener() if item.opener is not None else open(item.location, "rb")  # noqa: SIM115
             )
             with stream:
-                for length in lengths:
-                    if reused >= want or reused + left < want:
-                        return reused >= want
-                    chunk = stream.read(length)
-                    if len(chunk) != length:
+                seekable = stream.seekable()
+                at = 0
+                for chunk in wanted:
+                    _, start, length = chunk
+                    if seekable:
+                        stream.seek(start)
+                    else:
+                        _skip(stream, start - at, item.location)
+                    data = stream.read(length)
+                    if len(data) != length:
                         raise SourceError("file shrank while it was packed", url=item.location)
-                    if hashlib.sha256(chunk).hexdigest() in plan.frames:
-                        reused += length
-                    left -= length
+                    at = start + length
+                    if hashlib.sha256(data).hexdigest() in plan.frames:
+                        yield chunk, weights[chunk]
         except OSError as exc:
             raise SourceError(f"cannot read ({exc.strerror})", url=item.location) from None
-    return reused >= want
+
+
+def _skip(stream: BinaryIO, n: int, where: str) -> None:
+    while n > 0:
+        got = stream.read(min(n, 1 << 20))
+        if not got:
+            raise SourceError("file shrank while it was packed", url=where)
+        n -= len(got)

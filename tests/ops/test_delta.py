@@ -6,6 +6,7 @@ imported."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -218,6 +219,50 @@ def test_a_publish_that_would_reuse_less_than_min_reuse_is_full_and_says_why(
     assert [b.name for b in third.manifest.bases] == [second.url.split("/store/")[1]]
     verify(third.url)
     verify(first.url)
+
+
+class _Counted(io.BytesIO):
+    """A source file in memory that counts the bytes read from it."""
+
+    def __init__(self, data: bytes, reads: list[int]) -> None:
+        super().__init__(data)
+        self.reads = reads
+
+    def read(self, n: int | None = -1, /) -> bytes:
+        out = super().read(n)
+        self.reads.append(len(out))
+        return out
+
+
+@pytest.mark.parametrize(("held", "enough"), [(0.0, False), (0.2, False), (0.3, True), (0.9, True)])
+def test_the_reuse_is_estimated_from_a_bounded_sample_spread_over_the_bytes(
+    held: float, enough: bool
+) -> None:
+    """W4c (spec 28.4): the writer decides from the chunks under evenly spread positions,
+    reading at most SAMPLE_BYTES of a larger state, not the whole source a second time."""
+    from restorepoint.format.writer import DeltaPlan
+    from restorepoint.ops._increment import SAMPLE_BYTES, enough_reuse, sample_points
+    from restorepoint.ops._source import SourceFile
+
+    total = 2 * SAMPLE_BYTES
+    data = os.urandom(total)
+    cut = int(held * total) // MIB * MIB  # the first `held` of the bytes are in the base
+    plan = DeltaPlan(
+        (), {hashlib.sha256(data[i : i + MIB]).hexdigest(): (0, 0, MIB) for i in range(0, cut, MIB)}
+    )
+    reads: list[int] = []
+    halves = [data[: total // 2], data[total // 2 :]]
+    files = [
+        SourceFile(f"f{i}", f"f{i}", len(half), lambda half=half: _Counted(half, reads))
+        for i, half in enumerate(halves)
+    ]
+    assert enough_reuse(files, MIB, [None, None], plan) is enough
+    assert sum(reads) <= sample_points(MIB) * MIB <= SAMPLE_BYTES < total
+    # A state of at most SAMPLE_BYTES is hashed whole: exact.
+    reads.clear()
+    small = [SourceFile("s", "s", 4 * MIB, lambda: _Counted(data[: 4 * MIB], reads))]
+    assert enough_reuse(small, MIB, [None], plan) is (cut >= MIB)
+    assert sum(reads) == 4 * MIB
 
 
 def _second_tail(src: Path, n: int) -> bytes:

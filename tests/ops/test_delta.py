@@ -11,13 +11,14 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from clirun import cli, one_error_line
 
-from restorepoint import IntegrityError, NotFound, UnsupportedFormat
+from restorepoint import IntegrityError, NotFound, UnsupportedFormat, UsageError, read_manifest
 from restorepoint.format import canonical_dumps, read_head, read_prefix, read_tail
 from restorepoint.format import manifest as manifest_module
 from restorepoint.format.layout import END_MAGIC, FOOTER
@@ -154,8 +155,11 @@ def test_full_publishes_reuse_nothing_and_the_policy_forces_a_full_one(tmp_path:
     # named, so here one), and the bases never exceed FULL_EVERY - 1.
     assert all(len(r.manifest.bases or ()) <= FULL_EVERY - 1 for r in results)
     assert results[1].pack.reused == 2 * MIB
-    # A plain (full) publish after incremental ones is a 1.0 object and names nothing.
-    plain = publish(str(src), store, HeadSpec(position=99, run="r1"), PackOptions(chunk_size=MIB))
+    # A full publish (--full) after incremental ones is a 1.0 object and names nothing.
+    plain = publish(
+        str(src), store, HeadSpec(position=99, run="r1"),
+        PackOptions(chunk_size=MIB, incremental=False),
+    )  # fmt: skip
     assert plain.manifest.bases is None and plain.manifest.format_version == "1.0"
 
 
@@ -444,27 +448,70 @@ def test_delta_1_goes_with_1_2_a_run_and_no_encryption() -> None:
         )
 
 
-def test_the_cli_publishes_incrementally_and_materializes(tmp_path: Path) -> None:
+def test_the_cli_publishes_incrementally_by_default_into_a_store_and_full_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """pack into a store is incremental with no flag (the second publish of a frozen run
+    references the first), --full packs the older format with no delta/1, a DEST that is not
+    a store is full whatever the default, and --incremental there is a usage error."""
     frozen = os.urandom(8 * MIB)  # two chunks of the default 4 MiB
     src = tmp_path / "src"
     store = f"{tmp_path}/store/"
     out = []
-    for step in (1, 2):
+    for step, flags in ((1, ["--incremental"]), (2, []), (3, ["--full"])):
         _write(src, frozen, step)
-        proc = cli(
-            "pack", str(src), store, "--run", "r1", "--step", str(step), "--incremental",
-            "--json",
-        )  # fmt: skip
+        proc = cli("pack", str(src), store, "--run", "r1", "--step", str(step), "--json", *flags)
         assert proc.returncode == 0, proc.stderr
         out.append(json.loads(proc.stdout))
     assert out[0]["incremental"]["reused"] == 0
-    assert out[1]["incremental"]["reused"] == 8 * MIB
+    assert out[1]["incremental"] == {"reason": f"based on {_name(out[0])}", "reused": 8 * MIB}
+    second = read_manifest(out[1]["url"])
+    assert second.format_version == "1.2" and "delta/1" in second.required_features
+    assert [b.name for b in second.bases or ()] == [_name(out[0])]
+    # --full: every byte, in the format a 1.0 or 1.1 reader reads.
+    assert "incremental" not in out[2]
+    third = read_manifest(out[2]["url"])
+    assert third.format_version == "1.0" and "delta/1" not in third.required_features
+    assert third.bases is None and out[2]["size"] > 8 * MIB
     proc = cli("materialize", store, "--latest", "--run", "r1", str(tmp_path / "whole.rp"))
     assert proc.returncode == 0, proc.stderr
-    assert verify(str(tmp_path / "whole.rp")).digest != out[1]["digest"]
-    proc = cli("pack", str(src), str(tmp_path / "x.rp"), "--step", "3", "--incremental")
+    # A DEST that is not a store: full, with no flag; --incremental there is refused.
+    proc = cli("pack", str(src), str(tmp_path / "x.rp"), "--step", "3", "--run", "r1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "incremental" not in json.loads(proc.stdout)
+    assert read_manifest(str(tmp_path / "x.rp")).format_version == "1.0"
+    proc = cli("pack", str(src), str(tmp_path / "y.rp"), "--step", "3", "--incremental")
     assert proc.returncode == 2
     assert "store" in one_error_line(proc)
+
+
+def test_the_library_default_is_incremental_into_a_store_unless_encrypted(
+    tmp_path: Path,
+) -> None:
+    """PackOptions() (incremental=None): into a store, incremental; encrypted, full with no
+    error (incremental=True refuses it); a materialized copy of the default one verifies."""
+    from restorepoint.trust import generate, load_public
+
+    frozen = os.urandom(FROZEN)
+    src = tmp_path / "src"
+    store = f"{tmp_path}/store/"
+    auto = PackOptions(chunk_size=MIB, codec="none")
+    _write(src, frozen, 1)
+    first = publish(str(src), store, HeadSpec(position=1, run="r1"), auto)
+    _write(src, frozen, 2)
+    second = publish(str(src), store, HeadSpec(position=2, run="r1"), auto)
+    assert second.pack.reused == FROZEN
+    assert [b.digest for b in second.manifest.bases or ()] == [first.pack.digest]
+    _, public = generate(tmp_path / "x25519", "encryption")
+    sealed = replace(auto, encrypt_to=(load_public(public, "encryption"),))
+    third = publish(str(src), store, HeadSpec(position=3, run="r1"), sealed)
+    assert third.pack.incremental is None and third.manifest.format_version == "1.0"
+    with pytest.raises(UsageError, match="cannot be encrypted"):
+        publish(str(src), store, HeadSpec(position=4, run="r1"), replace(sealed, incremental=True))
+
+
+def _name(result: dict[str, Any]) -> str:
+    return str(result["url"]).split("/store/")[1]
 
 
 def test_the_schema_validates_an_incremental_manifest_and_its_index(

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..errors import NotFound, RestorePointError, SourceError
+from ..errors import NotFound, RestorePointError, SourceError, StorageError
 from ..format import (
     Codec,
     Manifest,
@@ -19,7 +19,7 @@ from ..format.delta import DELTA_FEATURE, Base, chunk_lengths, pack_cuts
 from ..format.limits import MAX_DELTA_BASES
 from ..format.writer import DeltaPlan
 from ..storage import Location
-from ._open import open_manifest
+from ._open import Opened, open_manifest
 from ._source import SourceFile
 from .store import list_store
 
@@ -64,34 +64,47 @@ def plan_increment(store: Location, run: str, chunk_size: int, codec: Codec) -> 
     (a frame the newest one references is named where it lies, in that one's base). A full
     restore point when there is none, when it is not sound up to its index, has no chunk
     digests (not ``delta/1``), another chunk size, or already FULL_EVERY - 1 bases. Its
-    payload is never read here: the publish verifies what it referenced (section 28.4)."""
-    try:
-        entries = list_store(store, run=run)
-    except NotFound:
-        entries = []
-    if not entries:
-        return Planned(None, "no earlier restore point of the run")
-    newest = entries[0]
-    where = store.join(newest.name)
-    reader = where.reader()
-    try:
-        opened = open_manifest(reader, need_key=False)
-    except RestorePointError:
-        return Planned(None, f"the newest restore point {newest.name} cannot be read")
-    finally:
-        reader.close()
+    payload is never read here: the publish checks the bases it names (section 28.4)."""
+    newest = _newest(store, run)
+    if isinstance(newest, str):
+        return Planned(None, newest)
+    name, opened = newest
     manifest, tail = opened.manifest, opened.tail
     assert manifest is not None
     assert tail is not None
     if manifest.run != run or DELTA_FEATURE not in manifest.required_features:
-        return Planned(None, f"the newest restore point {newest.name} names no chunks")
+        return Planned(None, f"the newest restore point {name} names no chunks")
     if manifest.chunk_size != chunk_size:
-        return Planned(None, f"the newest restore point {newest.name} has another chunk size")
+        return Planned(None, f"the newest restore point {name} has another chunk size")
     bases = manifest.bases or ()
     if len(bases) + 1 >= FULL_EVERY:
         return Planned(None, f"a full restore point every {FULL_EVERY}")
     digest = restore_point_digest(manifest.id, opened.head.head_sha256, tail.index_sha256)
-    return Planned(plan_from(newest.name, digest, manifest, codec), f"based on {newest.name}")
+    return Planned(plan_from(name, digest, manifest, codec), f"based on {name}")
+
+
+def _newest(store: Location, run: str) -> tuple[str, Opened] | str:
+    """The store name of the run's newest restore point and its head and index, read and
+    checked (no payload byte), or why there is nothing to reference."""
+    try:
+        entries = list_store(store, run=run)
+    except NotFound:
+        entries = []
+    except StorageError as exc:
+        # A store that takes writes but not listings (a write-only credential) still gets its
+        # restore point: a full one, which is sound whatever the store holds.
+        return f"the run's restore points cannot be listed: {exc.message}"
+    if not entries:
+        return "no earlier restore point of the run"
+    name = entries[0].name
+    try:
+        reader = store.join(name).reader()
+        try:
+            return name, open_manifest(reader, need_key=False)
+        finally:
+            reader.close()
+    except RestorePointError:
+        return f"the newest restore point {name} cannot be read"
 
 
 def plan_from(name: str, digest: str, manifest: Manifest, codec: Codec) -> DeltaPlan:

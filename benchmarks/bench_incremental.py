@@ -3,13 +3,17 @@ time of each publish, incremental against full, through ResumableRun, on a local
 moto's S3 server.
 
     python benchmarks/bench_incremental.py [--model minilm|tiny] [--points 20] [--steps 1]
-        [--cases frozen,frozen-sgd,full,lora] [--stores local,s3] [--workdir DIR] [--json]
+        [--cases frozen,frozen-sgd,full,lora] [--stores local,s3] [--rounds 1] [--workdir DIR]
+        [--json]
 
 A BERT encoder (all-MiniLM-L6-v2's real weights, ``restorepoint.testing.weights``, as
 bench_chunking.py trains it; ``--model tiny`` for a smoke run) fine-tunes on this repository's
 documentation through ``ResumableRun`` (its model and its optimizer tracked), and publishes a
 restore point after every ``--steps`` steps, ``--points`` times, into a store: once with
-``incremental=True``, once with ``incremental=False`` (full), each run in a fresh store. Cases:
+``incremental=True``, once with ``incremental=False`` (full), each run in a fresh store;
+``--rounds N`` does that N times, the two modes in alternating order (full first in the odd
+rounds), and reports the median of the rounds' ratios, so that a shared machine's load drifts
+into both. Cases:
 
 - **frozen**: a frozen backbone, the last of the 6 layers, the pooler and a head trained with
   Adam (91.5% of the parameters frozen: ``_training.prepare``'s "frozen");
@@ -150,19 +154,21 @@ def one_run(
     args: argparse.Namespace,
     data: list[Any],
     workdir: Path,
+    rnd: int = 0,
 ) -> dict[str, Any]:
     from _training import train_step
 
     from restorepoint import list_store
     from restorepoint.torch import ResumableRun
 
-    prefix = f"{store.root}/{case}-{'inc' if incremental else 'full'}/"
+    tag = f"{case}-{'inc' if incremental else 'full'}-{rnd}"
+    prefix = f"{store.root}/{tag}/"
     config = {"case": case, "incremental": incremental, "model": args.model}
     options = {
         "store": prefix, "storage_options": store.options, "incremental": incremental,
         "final_snapshot": False, "background_nice": None,
     }  # fmt: skip
-    run_root = workdir / f"runs-{store.kind}-{case}-{incremental}"
+    run_root = workdir / f"runs-{store.kind}-{tag}"
     model, optimizer = build(case, args.model)
     started_load = os.getloadavg()[0]
     with ResumableRun(config, root=run_root, **options) as run:
@@ -189,7 +195,7 @@ def one_run(
         )  # fmt: skip
     # The newest resumed, in a fresh run directory, from the store: bit for bit.
     fresh_model, fresh_optimizer = build(case, args.model)
-    with ResumableRun(config, root=workdir / f"resume-{store.kind}-{case}-{incremental}",
+    with ResumableRun(config, root=workdir / f"resume-{store.kind}-{tag}",
                       **options) as again:  # fmt: skip
         again.track(model=fresh_model, optimizer=fresh_optimizer)
         position = again.resume()
@@ -200,6 +206,7 @@ def one_run(
     return {
         "case": case,
         "store": store.kind,
+        "round": rnd,
         "mode": "incremental" if incremental else "full",
         "frozen_fraction": frozen_fraction(model),
         "points": points,
@@ -215,16 +222,17 @@ def one_run(
 
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by = {(r["store"], r["case"], r["mode"]): r for r in results}
+    by = {(r["store"], r["case"], r.get("round", 0), r["mode"]): r for r in results}
     out = []
-    for (kind, case, mode), inc in by.items():
-        full = by.get((kind, case, "full"))
+    for (kind, case, rnd, mode), inc in by.items():
+        full = by.get((kind, case, rnd, "full"))
         if mode != "incremental" or full is None:
             continue
         out.append(
             {
                 "store": kind,
                 "case": case,
+                "round": rnd,
                 "bytes": inc["bytes_median"] / full["bytes_median"],
                 "bytes_total": inc["bytes_total"] / full["bytes_total"],
                 "time": inc["seconds_median"] / full["seconds_median"],
@@ -264,6 +272,17 @@ def print_report(results: list[dict[str, Any]], rows: list[dict[str, Any]]) -> N
             if row["reused_total"] == 0:
                 line += " (it reused nothing)"
         print(line)
+    rounds = {row["round"] for row in rows}
+    if len(rounds) > 1:
+        print(f"\nmedians over {len(rounds)} rounds (time inc/full: medians, totals):")
+        for kind, case in dict.fromkeys((row["store"], row["case"]) for row in rows):
+            mine = [row for row in rows if (row["store"], row["case"]) == (kind, case)]
+            times = ", ".join(f"{row['time']:.3f}" for row in mine)
+            print(
+                f"  {kind:6} {case:11} bytes {statistics.median(r['bytes'] for r in mine):.3f}, "
+                f"time {statistics.median(r['time'] for r in mine):.3f} "
+                f"({statistics.median(r['time_total'] for r in mine):.3f}); rounds: {times}"
+            )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -273,6 +292,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1, help="training steps per restore point")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--stores", default="local,s3")
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the modes N times")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -307,11 +327,15 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if kind == "local":
                     Path(store.root).mkdir(parents=True, exist_ok=True)
-                for case in args.cases.split(","):
-                    for incremental in (False, True):
-                        results.append(one_run(case, incremental, store, args, data, workdir))
-                        print(f"done: {kind} {case} incremental={incremental}",
-                              file=sys.stderr, flush=True)  # fmt: skip
+                for rnd in range(args.rounds):
+                    modes = (False, True) if rnd % 2 == 0 else (True, False)
+                    for case in args.cases.split(","):
+                        for incremental in modes:
+                            results.append(
+                                one_run(case, incremental, store, args, data, workdir, rnd)
+                            )
+                            print(f"done: {kind} {case} incremental={incremental} round {rnd}",
+                                  file=sys.stderr, flush=True)  # fmt: skip
             finally:
                 store.close()
     finally:

@@ -128,14 +128,16 @@ def pack_command(  # noqa: PLR0915 - the pack verb's option combinations, each r
         typer.Option(help="Also write a handoff file (JSON) for `import --expect` elsewhere."),
     ] = None,
     incremental: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--incremental/--full",
-            help="Into a store: reference the chunks the run's newest restore point holds "
-            "instead of uploading them again (format 1.2, delta/1); --full (the default) "
-            "uploads every byte.",
+            help="--incremental: reference the chunks the run's newest restore point in the "
+            "store holds instead of uploading them again (format 1.2, delta/1); --full: every "
+            "byte, in the format older readers read (1.0). Neither: incremental into a store "
+            "DEST unless encrypted, full elsewhere.",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     deadline: Annotated[
         float | None,
         typer.Option(

@@ -114,6 +114,16 @@ def run_command(
         Path | None, typer.Option(help="Append counts and timings (JSON lines) to this file.")
     ] = None,
     margin: Annotated[float, typer.Option(help="Seconds kept in hand before a deadline.")] = 5.0,
+    incremental: Annotated[
+        bool | None,
+        typer.Option(
+            "--incremental/--full",
+            help="--full: every restore point carries every byte, in the format older readers "
+            "read (the trainer's too). Neither, or --incremental: each references the chunks "
+            "the run's newest restore point holds (format 1.2) where it can.",
+            show_default=False,
+        ),
+    ] = None,
     kill_after: Annotated[
         float,
         typer.Option(
@@ -195,6 +205,7 @@ def run_command(
             keep_best=best,
             keep_local=keep_local or None,
             kill_after_s=kill_after,
+            incremental=incremental,
         )
         raise typer.Exit(_resumable_through_launcher(supervisor.run_trainer))
 

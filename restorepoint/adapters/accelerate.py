@@ -67,6 +67,7 @@ from ..runtime.contract import (
     EXIT_RESUMABLE,
     KEEP_BEST_ENV,
     RESUME_URL_ENV,
+    incremental_from_env,
     leave_stop_marker,
     report_ready,
 )
@@ -192,6 +193,8 @@ class AccelerateRun:
         if self.keep_best is None and os.environ.get(KEEP_BEST_ENV):
             # restorepoint run --keep-best: the supervisor's retention, when none is given.
             self.keep_best = KeepBest.from_text(os.environ[KEEP_BEST_ENV])
+        # Incremental into a store by default; the supervisor's --full/--incremental if unsaid.
+        pack_options["incremental"] = incremental_from_env(pack_options.get("incremental"))
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:

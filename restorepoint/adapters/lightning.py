@@ -46,7 +46,7 @@ from ..ops import Expectations, entry_name, verify
 from ..ops.local_view import DATA_KEY, data_digest
 from ..ops.publish import HeadSpec, PackOptions, publish
 from ..ops.store import KeepBest
-from ..runtime.contract import EXIT_RESUMABLE, report_ready
+from ..runtime.contract import EXIT_RESUMABLE, incremental_from_env, report_ready
 from ..runtime.safe_load import safe_load
 from ..runtime.signals import signal_name
 from ._expect import run_id, store_from_env
@@ -180,6 +180,8 @@ class PreemptionCallback(pl.Callback):
         self._best = best_options(keep_best, metric, mode)
         self.metric = self._best[1]
         self.keep_best: KeepBest | None = None
+        # Incremental into a store by default; the supervisor's --full/--incremental if unsaid.
+        pack_options["incremental"] = incremental_from_env(pack_options.get("incremental"))
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:

@@ -22,7 +22,6 @@ from ..errors import (
     DecryptionError,
     DigestMismatch,
     FramingError,
-    IntegrityError,
     LimitExceeded,
     MalformedManifest,
     NotARestorePoint,
@@ -34,10 +33,11 @@ from ..errors import (
 from ._json import strict_loads
 from ._pipeline import Budget, HashLane, Ticket
 from .codecs import Decoded
-from .delta import Base, Ref, chunk_lengths
+from .delta import chunk_lengths
 from .layout import CHUNK_HEADER, DIGEST_SIZE, END_MAGIC, FOOTER, FORMAT_MAJOR, MAGIC, PREAMBLE
 from .limits import GATE_PREFIX_MAX, MAX_HEAD_BYTES, MAX_INDEX_BYTES, MAX_SIGNATURE_BYTES
 from .manifest import Entry, Manifest
+from .references import BaseFrames, BaseRegion, Bases
 
 __all__ = [
     "BaseRegion",
@@ -86,26 +86,6 @@ class RangeSource(Protocol):
     def size(self) -> int: ...
 
     def read_range(self, start: int, end: int) -> bytes: ...
-
-
-class BaseRegion(Protocol):
-    """A base of an incremental restore point, opened and checked by the caller (section 28,
-    R9a: its restore point digest is the one named, it is of the same run and not the object
-    itself): where its data region lies, and its byte ranges."""
-
-    @property
-    def data_start(self) -> int: ...
-
-    @property
-    def index_offset(self) -> int: ...
-
-    def read_range(self, start: int, end: int) -> bytes: ...
-
-
-class Bases(Protocol):
-    """Opens the bases an incremental restore point names (the caller knows the store)."""
-
-    def open(self, base: Base) -> BaseRegion: ...
 
 
 @dataclass(frozen=True)
@@ -397,80 +377,6 @@ def _check_delta_layout(entry: Entry, chunk_size: int) -> None:
         )
 
 
-BASE_READ_SPAN = 8 << 20
-"""The most bytes of a run of referenced frames one ranged read of a base asks for."""
-
-
-class _BaseFrames:
-    """The referenced frames of an incremental restore point, each base opened once. A run's
-    consecutive frames are read with few ranged reads of its base (one request each on an
-    object store): each read spans at most ``BASE_READ_SPAN`` bytes of the run (or one frame,
-    if longer), so memory stays bounded; every frame is still checked on its own."""
-
-    def __init__(self, manifest: Manifest, bases: Bases | None) -> None:
-        self.manifest = manifest
-        self.bases = bases
-        self._open: dict[int, BaseRegion] = {}
-        # The last span read: (base number, its first byte, its bytes).
-        self._span: tuple[int, int, bytes] | None = None
-
-    def region(self, entry: Entry, ref: Ref) -> tuple[BaseRegion, Base]:
-        assert self.manifest.bases is not None
-        base = self.manifest.bases[ref.base]
-        region = self._open.get(ref.base)
-        if region is None:
-            if self.bases is None:
-                raise IntegrityError(
-                    f"chunks are in base {base.name}, which only a store can resolve",
-                    member=entry.path,
-                )
-            region = self.bases.open(base)
-            self._open[ref.base] = region
-        if ref.offset < region.data_start or ref.offset + ref.length > region.index_offset:
-            raise FramingError(
-                f"a reference to bytes {ref.offset}..{ref.offset + ref.length} of base "
-                f"{base.name} lies outside its data region "
-                f"({region.data_start}..{region.index_offset})",
-                member=entry.path,
-            )
-        return region, base
-
-    def frame(self, entry: Entry, ref: Ref, index: int, at: int) -> bytes:
-        """Chunk ``index``'s frame, which starts at byte ``at`` of the base ``ref`` names."""
-        assert entry.delta is not None
-        region, base = self.region(entry, ref)
-        length = entry.delta.frame_length(index)
-        end = at + CHUNK_HEADER.size + length
-        span = self._span
-        if (
-            span is None
-            or span[0] != ref.base
-            or not span[1] <= at <= end <= span[1] + len(span[2])
-        ):
-            # This frame and the run's next whole ones, up to BASE_READ_SPAN bytes: the run
-            # lies inside the base's data region (checked above).
-            stop = end
-            for i in range(index + 1, ref.first + ref.count):
-                after = stop + CHUNK_HEADER.size + entry.delta.frame_length(i)
-                if after - at > BASE_READ_SPAN:
-                    break
-                stop = after
-            self._span = span = (ref.base, at, region.read_range(at, stop))
-        data = span[2][at - span[1] : end - span[1]]
-        if len(data) != CHUNK_HEADER.size + length:
-            raise TruncatedRestorePoint(
-                f"base {base.name} ends inside a referenced frame", member=entry.path
-            )
-        (found,) = CHUNK_HEADER.unpack_from(data)
-        if found != length:
-            raise FramingError(
-                f"the frame at byte {at} of base {base.name} is {found} bytes, "
-                f"the reference says {length}",
-                member=entry.path,
-            )
-        return data[CHUNK_HEADER.size :]
-
-
 class PayloadDecoder:
     """Decode the payload frames of a checked manifest from a sequential stream that starts at
     the first entry's offset. ``events()`` yields ``(entry, plain_chunk)`` for each chunk, in
@@ -489,7 +395,7 @@ class PayloadDecoder:
         bases: Bases | None = None,
     ) -> None:
         assert manifest.payload is not None
-        self._frames = _BaseFrames(manifest, bases)
+        self._frames = BaseFrames(manifest, bases)
         if manifest.encryption is not None and cipher is None:
             raise DecryptionError("the payload is encrypted: a key is needed to read it")
         self.cipher = cipher

@@ -19,13 +19,14 @@ from ..format import (
     restore_point_digest,
 )
 from ..format.delta import Base, base_holder
+from ..format.references import check_references
 from ..storage import Location
 from ._multipart import part_location
 
 if TYPE_CHECKING:
     from .store import StoreEntry
 
-__all__ = ["StoreBases", "bases_for", "bases_of", "keep_bases"]
+__all__ = ["StoreBases", "bases_for", "bases_of", "check_bases", "keep_bases"]
 
 
 @dataclass
@@ -107,6 +108,19 @@ class StoreBases:
 def bases_for(location: Location, manifest: Manifest) -> StoreBases | None:
     """The bases of ``manifest`` when it names any."""
     return StoreBases(location, manifest) if manifest.bases else None
+
+
+def check_bases(location: Location, manifest: Manifest) -> None:
+    """Every base ``manifest`` (the restore point at ``location``) names, opened as R9a opens it
+    (``StoreBases.open``: beside the object, sound up to its index, the restore point digest
+    named, the same run, not the object itself), and every referenced range inside its base's
+    data region; no payload byte is read (spec section 28.4, after the commit). Raises
+    ``IntegrityError`` naming the base."""
+    bases = StoreBases(location, manifest)
+    try:
+        check_references(manifest, bases)
+    finally:
+        bases.close()
 
 
 def keep_bases(

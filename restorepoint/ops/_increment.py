@@ -5,11 +5,11 @@ no payload byte is read), and the writer's policy for when to publish a full one
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..errors import NotFound, RestorePointError, SourceError
+from ..errors import NotFound, RestorePointError, SourceError, StorageError
 from ..format import (
     Codec,
     Manifest,
@@ -23,18 +23,20 @@ from ..format.limits import MAX_DELTA_BASES
 from ..format.writer import DeltaPlan
 from ..storage import Location
 from ._multipart import parts_prefix
-from ._open import open_manifest
+from ._open import Opened, open_manifest
 from ._source import SourceFile
 from .store import list_store
 
 __all__ = [
     "FULL_EVERY",
     "MIN_REUSE",
+    "SAMPLE_BYTES",
     "Planned",
     "enough_reuse",
     "plan_from",
     "plan_increment",
     "plan_part",
+    "sample_points",
 ]
 
 #: A full restore point at least every FULL_EVERY publishes: a restore point names at most
@@ -43,6 +45,13 @@ FULL_EVERY = 8
 #: A full restore point when the new one would reuse less than this fraction of its plain
 #: bytes: the state changes too much for references (and their verification) to pay.
 MIN_REUSE = 0.25
+#: The writer estimates the reuse from the chunks under this many byte positions spread evenly
+#: over the state (fewer for large chunks: SAMPLE_BYTES worth, at least MIN_SAMPLE_POINTS), so
+#: that deciding costs a bounded read, not a second read of the source; a state of at most
+#: SAMPLE_BYTES is hashed whole. Measured: docs/performance.md, "Incremental restore points".
+SAMPLE_POINTS = 32
+MIN_SAMPLE_POINTS = 8
+SAMPLE_BYTES = 32 << 20
 
 assert FULL_EVERY <= MAX_DELTA_BASES
 
@@ -60,15 +69,12 @@ def plan_increment(store: Location, run: str, chunk_size: int, codec: Codec) -> 
     (a frame the newest one references is named where it lies, in that one's base). A full
     restore point when there is none, when it is not sound up to its index, has no chunk
     digests (not ``delta/1``), another chunk size, or already FULL_EVERY - 1 bases. Its
-    payload is never read here: the publish verifies what it referenced (section 28.4)."""
-    try:
-        entries = list_store(store, run=run)
-    except NotFound:
-        entries = []
-    if not entries:
-        return Planned(None, "no earlier restore point of the run")
-    newest = entries[0]
-    return _plan_on(store, newest.name, run, chunk_size, codec)
+    payload is never read here: the publish checks the bases it names (section 28.4)."""
+    newest = _newest(store, run)
+    if isinstance(newest, str):
+        return Planned(None, newest)
+    name, opened = newest
+    return _plan_on(name, opened, run, chunk_size, codec)
 
 
 def plan_part(part: Location, head: Manifest, codec: Codec) -> Planned:
@@ -82,47 +88,38 @@ def plan_part(part: Location, head: Manifest, codec: Codec) -> Planned:
     run_prefix = part.up().up()  # STORE/RUN/STEM.parts/NAME -> STORE/RUN
     store = run_prefix.up()
     own = PartRef.name_for(head.part.rank)
-    try:
-        entries = list_store(store, run=head.run)
-    except NotFound:
-        entries = []
-    if not entries:
-        return Planned(None, "no earlier restore point of the run")
-    newest = entries[0]
-    reader = store.join(newest.name).reader()
+    newest = _newest_name(store, head.run)
+    if isinstance(newest, Planned):
+        return newest
+    reader = store.join(newest).reader()
     try:
         commit = read_head(reader).manifest
     except RestorePointError:
-        return Planned(None, f"the newest restore point {newest.name} cannot be read")
+        return Planned(None, f"the newest restore point {newest} cannot be read")
     finally:
         reader.close()
     ref = next((r for r in (commit.parts.objects if commit.parts else ()) if r.name == own), None)
     if ref is None or commit.id == head.part.commit:
-        return Planned(None, f"the newest restore point {newest.name} has no part {own}")
-    name = f"{parts_prefix(newest.name)}/{own}"
-    return _plan_on(store, name, head.run, head.chunk_size, codec, part=(head.part, ref.digest))
+        return Planned(None, f"the newest restore point {newest} has no part {own}")
+    name = f"{parts_prefix(newest)}/{own}"
+    opened = _open(store, name)
+    if isinstance(opened, str):
+        return Planned(None, opened)
+    return _plan_on(name, opened, head.run, head.chunk_size, codec, part=(head.part, ref.digest))
 
 
 def _plan_on(  # noqa: PLR0913, PLR0911 - the base, what the new object must match; a reason each
-    store: Location,
     name: str,
+    opened: Opened,
     run: str,
     chunk_size: int,
     codec: Codec,
     *,
     part: tuple[PartOf, str] | None = None,
 ) -> Planned:
-    """What a new object may reference of the object ``name`` of ``store`` (its head and
-    index only): a part (``part``: the new one's ``part`` member and the digest its commit
-    names) of the same rank whose digest is the one named, or a restore point that is none."""
-    where = store.join(name)
-    reader = where.reader()
-    try:
-        opened = open_manifest(reader, need_key=False)
-    except RestorePointError:
-        return Planned(None, f"the newest restore point {name} cannot be read")
-    finally:
-        reader.close()
+    """What a new object may reference of the object ``name`` (its head and index, ``opened``):
+    a part (``part``: the new one's ``part`` member and the digest its commit names) of the
+    same rank whose digest is the one named, or a restore point that is none."""
     manifest, tail = opened.manifest, opened.tail
     assert manifest is not None
     assert tail is not None
@@ -142,6 +139,45 @@ def _plan_on(  # noqa: PLR0913, PLR0911 - the base, what the new object must mat
     elif manifest.part is not None or manifest.parts is not None:
         return Planned(None, f"the newest restore point {name} names no chunks")
     return Planned(plan_from(name, digest, manifest, codec), f"based on {name}")
+
+
+def _newest_name(store: Location, run: str) -> str | Planned:
+    """The store name of the run's newest restore point, or a full publish saying why there
+    is none to reference."""
+    try:
+        entries = list_store(store, run=run)
+    except NotFound:
+        entries = []
+    except StorageError as exc:
+        # A store that takes writes but not listings (a write-only credential) still gets its
+        # restore point: a full one, which is sound whatever the store holds.
+        return Planned(None, f"the run's restore points cannot be listed: {exc.message}")
+    if not entries:
+        return Planned(None, "no earlier restore point of the run")
+    return entries[0].name
+
+
+def _open(store: Location, name: str) -> Opened | str:
+    """The head and index of the object ``name``, read and checked (no payload byte), or why
+    it cannot be referenced."""
+    try:
+        reader = store.join(name).reader()
+        try:
+            return open_manifest(reader, need_key=False)
+        finally:
+            reader.close()
+    except RestorePointError:
+        return f"the newest restore point {name} cannot be read"
+
+
+def _newest(store: Location, run: str) -> tuple[str, Opened] | str:
+    """The store name of the run's newest restore point and its head and index, read and
+    checked (no payload byte), or why there is nothing to reference."""
+    name = _newest_name(store, run)
+    if isinstance(name, Planned):
+        return name.reason
+    opened = _open(store, name)
+    return opened if isinstance(opened, str) else (name, opened)
 
 
 def plan_from(name: str, digest: str, manifest: Manifest, codec: Codec) -> DeltaPlan:
@@ -177,28 +213,97 @@ def enough_reuse(
     plan: DeltaPlan,
 ) -> bool:
     """Whether a restore point of ``files`` (chunked at ``cuts``) would reuse at least
-    MIN_REUSE of its plain bytes from ``plan`` (W4c): each chunk hashed before any frame is
-    written, one chunk in memory at a time; it stops as soon as the answer is known."""
-    total = sum(f.size for f in files)
-    want = MIN_REUSE * total
-    reused = 0
-    left = total
-    for item, item_cuts in zip(files, cuts, strict=True):
-        lengths = chunk_lengths(item.size, chunk_size, pack_cuts(item_cuts) if item_cuts else None)
+    MIN_REUSE of its plain bytes from ``plan`` (W4c), decided before any frame is written and
+    without a second read of the source: the chunks under ``sample_points`` byte positions
+    spread evenly over the state are hashed, and the fraction of those positions that fall in
+    a chunk the plan holds is the estimate (each chunk is hit in proportion to its length). A
+    state of at most SAMPLE_BYTES is hashed whole, which is exact. The actual reuse is what
+    the restore point's index then says (``PackResult.reused``)."""
+    chunks = [
+        (number, start, length)
+        for number, (item, item_cuts) in enumerate(zip(files, cuts, strict=True))
+        for start, length in _spans(item.size, chunk_size, item_cuts)
+    ]
+    total = sum(length for _, _, length in chunks)
+    if total == 0:
+        return False
+    if total <= SAMPLE_BYTES:
+        weights = {chunk: chunk[2] for chunk in chunks}
+    else:
+        weights = _sampled(chunks, total, sample_points(chunk_size))
+    hit = sum(w for chunk, w in _held(files, weights, plan))
+    return hit >= MIN_REUSE * sum(weights.values())
+
+
+def sample_points(chunk_size: int) -> int:
+    """How many byte positions the estimate samples: SAMPLE_BYTES worth of chunks, at least
+    MIN_SAMPLE_POINTS and at most SAMPLE_POINTS."""
+    return max(MIN_SAMPLE_POINTS, min(SAMPLE_POINTS, SAMPLE_BYTES // chunk_size))
+
+
+def _spans(size: int, chunk_size: int, cuts: list[int] | None) -> list[tuple[int, int]]:
+    """Each chunk of a file as (where it starts, its length)."""
+    out = []
+    at = 0
+    for length in chunk_lengths(size, chunk_size, pack_cuts(cuts) if cuts else None):
+        out.append((at, length))
+        at += length
+    return out
+
+
+def _sampled(
+    chunks: list[tuple[int, int, int]], total: int, points: int
+) -> dict[tuple[int, int, int], int]:
+    """The chunks under ``points`` positions spread evenly over ``total`` bytes (the middle of
+    each of ``points`` equal slices), each with the number of positions it lies under."""
+    weights: dict[tuple[int, int, int], int] = {}
+    i = 0
+    end = chunks[0][2]
+    for k in range(points):
+        at = (2 * k + 1) * total // (2 * points)
+        while at >= end:
+            i += 1
+            end += chunks[i][2]
+        weights[chunks[i]] = weights.get(chunks[i], 0) + 1
+    return weights
+
+
+def _held(
+    files: Sequence[SourceFile], weights: dict[tuple[int, int, int], int], plan: DeltaPlan
+) -> Iterator[tuple[tuple[int, int, int], int]]:
+    """The chunks of ``weights`` whose sha256 the plan holds, each read once, in file order;
+    a stream that cannot seek (none of the pack's sources today) is read up to each one."""
+    by_file: dict[int, list[tuple[int, int, int]]] = {}
+    for chunk in sorted(weights):
+        by_file.setdefault(chunk[0], []).append(chunk)
+    for number, wanted in by_file.items():
+        item = files[number]
         try:
             stream: BinaryIO = (
                 item.opener() if item.opener is not None else open(item.location, "rb")  # noqa: SIM115
             )
             with stream:
-                for length in lengths:
-                    if reused >= want or reused + left < want:
-                        return reused >= want
-                    chunk = stream.read(length)
-                    if len(chunk) != length:
+                seekable = stream.seekable()
+                at = 0
+                for chunk in wanted:
+                    _, start, length = chunk
+                    if seekable:
+                        stream.seek(start)
+                    else:
+                        _skip(stream, start - at, item.location)
+                    data = stream.read(length)
+                    if len(data) != length:
                         raise SourceError("file shrank while it was packed", url=item.location)
-                    if hashlib.sha256(chunk).hexdigest() in plan.frames:
-                        reused += length
-                    left -= length
+                    at = start + length
+                    if hashlib.sha256(data).hexdigest() in plan.frames:
+                        yield chunk, weights[chunk]
         except OSError as exc:
             raise SourceError(f"cannot read ({exc.strerror})", url=item.location) from None
-    return reused >= want
+
+
+def _skip(stream: BinaryIO, n: int, where: str) -> None:
+    while n > 0:
+        got = stream.read(min(n, 1 << 20))
+        if not got:
+            raise SourceError("file shrank while it was packed", url=where)
+        n -= len(got)

@@ -83,8 +83,9 @@ class PackResult:
     sha256: str | None = None
     #: What the adaptive chooser chose chunk by chunk (``PackOptions(adaptive=...)``).
     choices: Choices | None = None
-    #: Incremental (``PackOptions(incremental=True)``): plain bytes referenced in bases rather
-    #: than stored, and why (the base, or why the restore point is a full one).
+    #: Incremental (``PackOptions(incremental=)``, into a store by default): plain bytes
+    #: referenced in bases rather than stored, and why (the base, or why the restore point is a
+    #: full one). None: not incremental (a full restore point of the older format).
     reused: int = 0
     incremental: str | None = None
 
@@ -148,6 +149,7 @@ def pack(  # noqa: PLR0913 - public API: every head field and pack option as a k
     include: Sequence[str] | None = None,
     object_sha256: bool = False,
     metrics: Mapping[str, float] | None = None,
+    incremental: bool | None = None,
 ) -> PackResult:
     """Pack ``source`` (a directory or one file) into a restore point published at ``dest``.
 
@@ -165,7 +167,11 @@ def pack(  # noqa: PLR0913 - public API: every head field and pack option as a k
     store the payload uncompressed). ``object_sha256`` also hashes the whole object (a second
     pass over its bytes) for ``PackResult.sha256``. ``progress`` is called with each number of
     source bytes read; ``on_start`` once with the total. ``metrics`` (name to finite number)
-    are recorded in the head for retention by metric (spec 4.3, 19.5)."""
+    are recorded in the head for retention by metric (spec 4.3, 19.5). ``incremental``: into
+    a store, by default (None), the chunks the run's newest restore point there holds are
+    referenced rather than stored again (format 1.2, spec section 28) unless the restore point
+    is encrypted; False packs a full one of the older format; True refuses what cannot be
+    incremental."""
     spec = HeadSpec(
         position=position,
         trainer=trainer,
@@ -188,6 +194,7 @@ def pack(  # noqa: PLR0913 - public API: every head field and pack option as a k
         sign=tuple(sign),
         encrypt_to=tuple(encrypt_to),
         storage_options=storage_options,
+        incremental=incremental,
     )
     return pack_spec(
         source,
@@ -256,8 +263,12 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
     store = is_store_url(dest) if into_store is None else into_store
     location = resolve(dest, options.storage_options)
     planned = None
-    if options.incremental:
-        head, planned = _incremental(head, location, chosen, store=store, encrypted=cipher)
+    if options.incremental is not False:
+        why_not = _why_full(head, store=store, encrypted=cipher is not None)
+        if why_not is None:
+            head, planned = _incremental(head, location, chosen)
+        elif options.incremental:
+            raise UsageError(why_not)
     cuts = None
     if planned is not None:
         # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
@@ -298,9 +309,19 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
     )
 
 
-def _incremental(
-    head: Manifest, location: Location, codec: Codec, *, store: bool, encrypted: object
-) -> tuple[Manifest, Planned]:
+def _why_full(head: Manifest, *, store: bool, encrypted: bool) -> str | None:
+    """Why a restore point cannot be incremental (``PackOptions(incremental=True)``'s usage
+    error; the default then publishes a full one), or None when it can (spec section 28): into
+    a store, or a part of a multi-part restore point (each part is planned on its own, 28.7),
+    and not encrypted."""
+    if not store and head.part is None:
+        return "an incremental restore point goes into a store (a DEST ending in /)"
+    if encrypted:
+        return "an incremental restore point cannot be encrypted (yet)"
+    return None
+
+
+def _incremental(head: Manifest, location: Location, codec: Codec) -> tuple[Manifest, Planned]:
     """The head of an incremental restore point (format 1.2, ``delta/1``) and what it may
     reference of the run's newest restore point in the store (spec section 28.4), or, for a
     part at ``location``, of its rank's part of the run's newest commit (28.7)."""
@@ -308,10 +329,6 @@ def _incremental(
 
     if head.parts is not None:
         return head, Planned(None, "a commit holds no payload: each of its parts is planned")
-    if not store and head.part is None:
-        raise UsageError("an incremental restore point goes into a store (a DEST ending in /)")
-    if encrypted is not None:
-        raise UsageError("an incremental restore point cannot be encrypted (yet)")
     head = replace(
         head,
         format_version=DELTA_VERSION,

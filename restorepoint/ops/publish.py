@@ -24,13 +24,13 @@ from typing import Any
 from ..errors import IntegrityError, RestorePointError, UsageError
 from ..format import Manifest
 from ..storage import Location, resolve
+from ._delta import check_bases
 from ._naming import entry_name, is_store_url
 from ._source import InMemory
 from .handoff import handoff_document, write_handoff
 from .pack import PackResult, pack_spec
 from .spec import HeadSpec, PackOptions
 from .store import KeepBest, PruneReport, _store, prune
-from .verify import verify
 
 __all__ = ["HeadSpec", "PackOptions", "PublishResult", "publish"]
 
@@ -144,13 +144,14 @@ def _verified_or_full(  # noqa: PLR0913, PLR0917 - the publish's source, store, 
     include: Sequence[str] | None,
     memory: Mapping[str, InMemory] | None = None,
 ) -> PackResult:
-    """An incremental restore point is verified through its references before anything is
-    handed off (spec section 28.4): a base that changed or vanished since its index was read
-    (a concurrent prune, a corrupted store) makes it unsound, and a full restore point is
-    published in its place. The unsound one is newer than nothing that verifies, so the next
-    prune removes it."""
+    """An incremental restore point's bases are checked before anything is handed off (spec
+    section 28.4): each is opened as a reader opens it (R9a) and every reference lies inside
+    one, no payload byte read (every frame is checked at each read, R9a). A base that changed
+    or vanished since its index was read (a concurrent prune, a corrupted store) makes the new
+    one unsound, and a full restore point is published in its place. The unsound one is newer
+    than nothing that verifies, so the next prune removes it."""
     try:
-        verify(result.url, storage_options=options.storage_options)
+        check_bases(location.join(entry_name(result.manifest)), result.manifest)
     except IntegrityError:
         return pack_spec(
             source,

@@ -296,8 +296,11 @@ class PackOptions:
     adaptive: str = "off"
     deadline_margin: float = 1.0
     #: An incremental restore point (spec section 28): into a store, the chunks that the run's
-    #: newest restore point there holds are referenced, not uploaded again. Off: a full one.
-    incremental: bool = False
+    #: newest restore point there holds are referenced, not uploaded again. None (the
+    #: default): incremental where it can be (a store DEST, not encrypted, not multi-part),
+    #: full elsewhere; True: incremental, and a usage error where it cannot be; False: a full
+    #: restore point of the older format (1.0, or 1.1 multi-part), which any reader reads.
+    incremental: bool | None = None
 
     def __post_init__(self) -> None:
         check_chunk_size(self.chunk_size)

@@ -55,6 +55,7 @@ from ..ops.store import KeepBest
 from ..runtime.contract import (
     EXIT_INCOMPATIBLE,
     EXIT_RESUMABLE,
+    INCREMENTAL_ENV,
     KEEP_BEST_ENV,
     READY_ENV,
     RESUME_DIR_ENV,
@@ -143,6 +144,9 @@ class Supervisor(ResumeSteps, NoticeSteps):
     keep_best: KeepBest | None = None
     #: seconds from the SIGTERM that stops the trainer to a SIGKILL (``--kill-after``)
     kill_after_s: float = DEFAULT_KILL_AFTER
+    #: ``--incremental`` (True), ``--full`` (False) or neither (None: incremental where it can
+    #: be), for the supervisor's publishes and handed to the trainer (``INCREMENTAL_ENV``)
+    incremental: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -291,6 +295,7 @@ class Supervisor(ResumeSteps, NoticeSteps):
         options = PackOptions(
             sign=(load_signing_key(self.signing_key),) if self.signing_key else (),
             storage_options=self.storage_options,
+            incremental=self.incremental,
         )
         return ExternalLoop(
             self.adapter, self.workdir, self.store, head, options, self.telemetry,
@@ -299,14 +304,22 @@ class Supervisor(ResumeSteps, NoticeSteps):
 
     # -- main ------------------------------------------------------------------------------
 
-    def run_trainer(self) -> int:
+    def _trainer_env(self, ready_dir: Path) -> dict[str, str]:
+        """The trainer's environment: this one's, and what a trainer that publishes itself
+        takes from its supervisor (the store, retention, signing key, --full)."""
         env = os.environ.copy()
-        ready_dir = self._ready_dir = Path(tempfile.mkdtemp(prefix="restorepoint-ready-"))
         env[READY_ENV] = str(ready_dir)
         env[STORE_ENV] = self.store
         env.update({KEEP_BEST_ENV: self.keep_best.to_text()} if self.keep_best else {})
         if self.signing_key is not None:
             env[SIGNING_KEY_ENV] = self.signing_key
+        if self.incremental is not None:
+            env[INCREMENTAL_ENV] = "1" if self.incremental else "0"
+        return env
+
+    def run_trainer(self) -> int:
+        ready_dir = self._ready_dir = Path(tempfile.mkdtemp(prefix="restorepoint-ready-"))
+        env = self._trainer_env(ready_dir)
         previous: dict[signal.Signals, Any] = {}
         code: int | None = None
         try:

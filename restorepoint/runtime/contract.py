@@ -50,6 +50,7 @@ __all__ = [
     "EXIT_INCOMPATIBLE",
     "EXIT_RESUMABLE",
     "IDENTITY_FILE",
+    "INCREMENTAL_ENV",
     "KEEP_BEST_ENV",
     "MAX_RESUBMITS_ENV",
     "POSITION_FILE",
@@ -69,6 +70,7 @@ __all__ = [
     "SnapshotTarget",
     "Watched",
     "ended_by_refusal",
+    "incremental_from_env",
     "leave_refusal_marker",
     "leave_stop_marker",
     "max_resubmits_from_env",
@@ -111,6 +113,9 @@ MAX_RESUBMITS_ENV = "RESTOREPOINT_MAX_RESUBMITS"
 STOP_DIR_ENV = "RESTOREPOINT_STOP_DIR"
 #: The Ed25519 private key a supervised trainer signs its restore points with.
 SIGNING_KEY_ENV = "RESTOREPOINT_SIGNING_KEY"
+#: A supervisor's ``--full`` (0) or ``--incremental`` (1), for a trainer that publishes itself
+#: and is given no choice of its own (``incremental_from_env``).
+INCREMENTAL_ENV = "RESTOREPOINT_INCREMENTAL"
 #: Written into the ready directory by a trainer whose resume the gate refused: the refused
 #: field names, for the supervisor's telemetry.
 REFUSED_FILE = "resume-refused.json"
@@ -133,6 +138,16 @@ def max_resubmits_from_env() -> int | None:
         log.warning("%s=%r is not a count: ignored", MAX_RESUBMITS_ENV, value)
         return None
     return int(value)
+
+
+def incremental_from_env(given: bool | None = None) -> bool | None:
+    """``given``, or when None the supervisor's choice in ``$RESTOREPOINT_INCREMENTAL``: 0
+    (``run --full``) is False; anything else, 1 (``run --incremental``) or unset, is None,
+    the default: incremental into a store where it can be, so that a multi-rank trainer
+    under ``run --incremental`` publishes full parts rather than fail."""
+    if given is not None:
+        return given
+    return False if os.environ.get(INCREMENTAL_ENV, "").strip() == "0" else None
 
 
 def now() -> str:

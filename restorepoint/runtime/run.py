@@ -70,6 +70,7 @@ from .contract import (
     SIGNING_KEY_ENV,
     STORE_ENV,
     RunDirectory,
+    incremental_from_env,
     max_resubmits_from_env,
     now,
     report_ready,
@@ -147,7 +148,7 @@ class ResumableRun:
         trust: Trust | None = None,
         sign: str | os.PathLike[str] | None = None,
         safe_globals: Sequence[Callable[..., Any]] = (),
-        incremental: bool = False,
+        incremental: bool | None = None,
     ) -> None:
         if not isinstance(config, Mapping):
             config = load_config(os.fspath(config))
@@ -186,6 +187,8 @@ class ResumableRun:
         self._rank, self._world = _distributed()
         self._view = self._local_view(trainer, terms, cache_keys, cache_root)
         sign = sign if sign is not None else os.environ.get(SIGNING_KEY_ENV) or None
+        # The supervisor's --incremental/--full when none is given here.
+        chosen = incremental_from_env(incremental)
         # One encode thread by default: on a small machine the pack must leave the training
         # thread a core (measured on 2 cores: benchmarks/bench_torch.py, docs/performance.md).
         self.options = PackOptions(
@@ -196,9 +199,10 @@ class ResumableRun:
             # Under a stop or a reclaim notice (the store deadline), each chunk's codec mode is
             # chosen to land before the deadline (spec 13, W4b); every chunk probed otherwise.
             adaptive="deadline",
-            # Only what changed is uploaded (spec 28); with several ranks, each rank's part
-            # references its own part of the run's previous restore point (28.7).
-            incremental=incremental,
+            # Only what changed is uploaded (spec 28), by default where it can be (pack
+            # decides); with several ranks, each rank's part references its own part of the
+            # run's previous restore point (28.7).
+            incremental=chosen,
         )
         self.objects: dict[str, Any] = {}
         self.step = 0

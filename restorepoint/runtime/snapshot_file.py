@@ -334,6 +334,25 @@ class ImageReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def seekable(self) -> bool:
+        # An incremental publish hashes a sample of chunks before it writes (spec 28.4, W4c).
+        return True
+
+    def tell(self) -> int:
+        return self._done
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET, /) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._done, io.SEEK_END: self._size}[whence]
+        target = min(max(0, base + offset), self._size)
+        self._piece, self._at, self._done = 0, target, target
+        for piece in self._pieces:
+            length = len(piece) if isinstance(piece, bytes) else piece[1]
+            if self._at < length:
+                break
+            self._at -= length
+            self._piece += 1
+        return target
+
     def read(self, n: int = -1, /) -> bytes:
         want = min(self._size - self._done, self._size if n is None or n < 0 else n)
         if want <= 0:

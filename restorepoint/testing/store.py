@@ -739,8 +739,15 @@ class StoreConformance(LocationConformance):
         store = base_url + "store/"
         options = dict(storage_options)
         src = checkpoint(tmp_path / "src", 6)
-        a = [pack(src, store, position=s, run="run-a", storage_options=options) for s in (1, 2, 3)]
-        b = [pack(src, store, position=s, run="run-b", storage_options=options) for s in (1, 2)]
+        # Full restore points: an incremental one keeps its base too (spec 28.5).
+        a = [
+            pack(src, store, position=s, run="run-a", storage_options=options, incremental=False)
+            for s in (1, 2, 3)
+        ]
+        b = [
+            pack(src, store, position=s, run="run-b", storage_options=options, incremental=False)
+            for s in (1, 2)
+        ]
         # Leftovers of writers that died (a PID that no longer runs) in both runs.
         gone = dead_pid()
         a_partial = f"run-a/{self.partial_name('y.rp', gone)}"

@@ -39,6 +39,7 @@ def seed(source: Path, store: str, opts: dict[str, Any] | None = None) -> list[s
         made = restorepoint.pack(
             source, store, position=step, run="r", chunk_size=CHUNK, level=0,
             created=f"2026-01-01T00:{step:02d}:00.000Z", storage_options=opts,
+            incremental=False,  # the rules over full restore points (chains: test_delta.py)
             metrics={"val_loss": loss, "step_time": 1.5} if loss is not None else {"acc": 0.5},
         )  # fmt: skip
         names.append(entry_name(made.manifest))
@@ -217,7 +218,7 @@ def test_pack_then_prune_keeps_the_best(source: Path, tmp_path: Path) -> None:
     names = seed(source, store)
     proc = cli(
         "pack", str(source), store, "--step", "9", "--run", "r", "--metric", "val_loss=0.95",
-        "--keep-last", "1", "--keep-best", "1", "--best-metric", "val_loss", "--json",
+        "--keep-last", "1", "--keep-best", "1", "--best-metric", "val_loss", "--json", "--full",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -268,7 +269,10 @@ def test_run_marks_what_it_resumed_from_while_the_trainer_lives(
     # From the run's newest too: while the trainer runs, a newer restore point of the run and a
     # keep-last 1 prune leave the one it resumed from in place.
     newest = restorepoint.list_store(store)[0]
-    step = "import restorepoint as r, sys; r.pack(sys.argv[1], sys.argv[2], run='r', position=99)"
+    step = (
+        "import restorepoint as r, sys; "
+        "r.pack(sys.argv[1], sys.argv[2], run='r', position=99, incremental=False)"
+    )
     proc = cli(
         "run", "--store", store, "--run", "r", "--resume-from", newest.url, "--no-gate",
         "--force", "--", "sh", "-c",

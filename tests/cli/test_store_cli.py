@@ -33,6 +33,7 @@ def publish(
     return restorepoint.pack(
         source, f"{store}/", position=step, run=run, chunk_size=CHUNK, level=0,
         trainer=("t", "1.0"), created=f"2026-01-01T00:{minute:02d}:00.000Z",
+        incremental=False,  # the rules over full restore points (chains: test_delta.py)
     )  # fmt: skip
 
 
@@ -226,7 +227,9 @@ def test_pack_into_a_store_with_keep_last(
     source: Path, store: tuple[Path, dict[str, list[str]]]
 ) -> None:
     root, urls = store
-    proc = cli("pack", str(source), f"{root}/", "--step", "4", "--run", "a", "--keep-last", "1")
+    proc = cli(
+        "pack", str(source), f"{root}/", "--step", "4", "--run", "a", "--keep-last", "1", "--full"
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     new = restorepoint.latest(str(root), run="a").url
@@ -235,8 +238,9 @@ def test_pack_into_a_store_with_keep_last(
     assert {e.url for e in restorepoint.list_store(str(root))} == {new, urls["b"][0]}
 
     proc = cli(
-        "pack", str(source), f"{root}/", "--step", "5", "--run", "a", "--keep-last", "1", "--json"
-    )
+        "pack", str(source), f"{root}/", "--step", "5", "--run", "a", "--keep-last", "1",
+        "--json", "--full",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["pruned"] == [new] and out["url"] == restorepoint.latest(str(root), run="a").url

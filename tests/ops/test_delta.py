@@ -6,17 +6,19 @@ imported."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from clirun import cli, one_error_line
 
-from restorepoint import IntegrityError, NotFound, UnsupportedFormat
+from restorepoint import IntegrityError, NotFound, UnsupportedFormat, UsageError, read_manifest
 from restorepoint.format import canonical_dumps, read_head, read_prefix, read_tail
 from restorepoint.format import manifest as manifest_module
 from restorepoint.format.layout import END_MAGIC, FOOTER
@@ -153,8 +155,11 @@ def test_full_publishes_reuse_nothing_and_the_policy_forces_a_full_one(tmp_path:
     # named, so here one), and the bases never exceed FULL_EVERY - 1.
     assert all(len(r.manifest.bases or ()) <= FULL_EVERY - 1 for r in results)
     assert results[1].pack.reused == 2 * MIB
-    # A plain (full) publish after incremental ones is a 1.0 object and names nothing.
-    plain = publish(str(src), store, HeadSpec(position=99, run="r1"), PackOptions(chunk_size=MIB))
+    # A full publish (--full) after incremental ones is a 1.0 object and names nothing.
+    plain = publish(
+        str(src), store, HeadSpec(position=99, run="r1"),
+        PackOptions(chunk_size=MIB, incremental=False),
+    )  # fmt: skip
     assert plain.manifest.bases is None and plain.manifest.format_version == "1.0"
 
 
@@ -163,7 +168,7 @@ def test_a_run_of_referenced_frames_is_read_in_few_ranged_reads(
 ) -> None:
     """One request per BASE_READ_SPAN of a run, not one per frame (on S3 each is a GET); each
     read stays within the span, so memory stays bounded."""
-    from restorepoint.format.reader import BASE_READ_SPAN
+    from restorepoint.format.references import BASE_READ_SPAN
     from restorepoint.ops import _delta
 
     store = f"{tmp_path}/store/"
@@ -218,6 +223,50 @@ def test_a_publish_that_would_reuse_less_than_min_reuse_is_full_and_says_why(
     assert [b.name for b in third.manifest.bases] == [second.url.split("/store/")[1]]
     verify(third.url)
     verify(first.url)
+
+
+class _Counted(io.BytesIO):
+    """A source file in memory that counts the bytes read from it."""
+
+    def __init__(self, data: bytes, reads: list[int]) -> None:
+        super().__init__(data)
+        self.reads = reads
+
+    def read(self, n: int | None = -1, /) -> bytes:
+        out = super().read(n)
+        self.reads.append(len(out))
+        return out
+
+
+@pytest.mark.parametrize(("held", "enough"), [(0.0, False), (0.2, False), (0.3, True), (0.9, True)])
+def test_the_reuse_is_estimated_from_a_bounded_sample_spread_over_the_bytes(
+    held: float, enough: bool
+) -> None:
+    """W4c (spec 28.4): the writer decides from the chunks under evenly spread positions,
+    reading at most SAMPLE_BYTES of a larger state, not the whole source a second time."""
+    from restorepoint.format.writer import DeltaPlan
+    from restorepoint.ops._increment import SAMPLE_BYTES, enough_reuse, sample_points
+    from restorepoint.ops._source import SourceFile
+
+    total = 2 * SAMPLE_BYTES
+    data = os.urandom(total)
+    cut = int(held * total) // MIB * MIB  # the first `held` of the bytes are in the base
+    plan = DeltaPlan(
+        (), {hashlib.sha256(data[i : i + MIB]).hexdigest(): (0, 0, MIB) for i in range(0, cut, MIB)}
+    )
+    reads: list[int] = []
+    halves = [data[: total // 2], data[total // 2 :]]
+    files = [
+        SourceFile(f"f{i}", f"f{i}", len(half), lambda half=half: _Counted(half, reads))
+        for i, half in enumerate(halves)
+    ]
+    assert enough_reuse(files, MIB, [None, None], plan) is enough
+    assert sum(reads) <= sample_points(MIB) * MIB <= SAMPLE_BYTES < total
+    # A state of at most SAMPLE_BYTES is hashed whole: exact.
+    reads.clear()
+    small = [SourceFile("s", "s", 4 * MIB, lambda: _Counted(data[: 4 * MIB], reads))]
+    assert enough_reuse(small, MIB, [None], plan) is (cut >= MIB)
+    assert sum(reads) == 4 * MIB
 
 
 def _second_tail(src: Path, n: int) -> bytes:
@@ -407,27 +456,70 @@ def test_delta_1_goes_with_1_2_a_run_no_encryption_and_no_commit() -> None:
         )
 
 
-def test_the_cli_publishes_incrementally_and_materializes(tmp_path: Path) -> None:
+def test_the_cli_publishes_incrementally_by_default_into_a_store_and_full_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """pack into a store is incremental with no flag (the second publish of a frozen run
+    references the first), --full packs the older format with no delta/1, a DEST that is not
+    a store is full whatever the default, and --incremental there is a usage error."""
     frozen = os.urandom(8 * MIB)  # two chunks of the default 4 MiB
     src = tmp_path / "src"
     store = f"{tmp_path}/store/"
     out = []
-    for step in (1, 2):
+    for step, flags in ((1, ["--incremental"]), (2, []), (3, ["--full"])):
         _write(src, frozen, step)
-        proc = cli(
-            "pack", str(src), store, "--run", "r1", "--step", str(step), "--incremental",
-            "--json",
-        )  # fmt: skip
+        proc = cli("pack", str(src), store, "--run", "r1", "--step", str(step), "--json", *flags)
         assert proc.returncode == 0, proc.stderr
         out.append(json.loads(proc.stdout))
     assert out[0]["incremental"]["reused"] == 0
-    assert out[1]["incremental"]["reused"] == 8 * MIB
+    assert out[1]["incremental"] == {"reason": f"based on {_name(out[0])}", "reused": 8 * MIB}
+    second = read_manifest(out[1]["url"])
+    assert second.format_version == "1.2" and "delta/1" in second.required_features
+    assert [b.name for b in second.bases or ()] == [_name(out[0])]
+    # --full: every byte, in the format a 1.0 or 1.1 reader reads.
+    assert "incremental" not in out[2]
+    third = read_manifest(out[2]["url"])
+    assert third.format_version == "1.0" and "delta/1" not in third.required_features
+    assert third.bases is None and out[2]["size"] > 8 * MIB
     proc = cli("materialize", store, "--latest", "--run", "r1", str(tmp_path / "whole.rp"))
     assert proc.returncode == 0, proc.stderr
-    assert verify(str(tmp_path / "whole.rp")).digest != out[1]["digest"]
-    proc = cli("pack", str(src), str(tmp_path / "x.rp"), "--step", "3", "--incremental")
+    # A DEST that is not a store: full, with no flag; --incremental there is refused.
+    proc = cli("pack", str(src), str(tmp_path / "x.rp"), "--step", "3", "--run", "r1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "incremental" not in json.loads(proc.stdout)
+    assert read_manifest(str(tmp_path / "x.rp")).format_version == "1.0"
+    proc = cli("pack", str(src), str(tmp_path / "y.rp"), "--step", "3", "--incremental")
     assert proc.returncode == 2
     assert "store" in one_error_line(proc)
+
+
+def test_the_library_default_is_incremental_into_a_store_unless_encrypted(
+    tmp_path: Path,
+) -> None:
+    """PackOptions() (incremental=None): into a store, incremental; encrypted, full with no
+    error (incremental=True refuses it); a materialized copy of the default one verifies."""
+    from restorepoint.trust import generate, load_public
+
+    frozen = os.urandom(FROZEN)
+    src = tmp_path / "src"
+    store = f"{tmp_path}/store/"
+    auto = PackOptions(chunk_size=MIB, codec="none")
+    _write(src, frozen, 1)
+    first = publish(str(src), store, HeadSpec(position=1, run="r1"), auto)
+    _write(src, frozen, 2)
+    second = publish(str(src), store, HeadSpec(position=2, run="r1"), auto)
+    assert second.pack.reused == FROZEN
+    assert [b.digest for b in second.manifest.bases or ()] == [first.pack.digest]
+    _, public = generate(tmp_path / "x25519", "encryption")
+    sealed = replace(auto, encrypt_to=(load_public(public, "encryption"),))
+    third = publish(str(src), store, HeadSpec(position=3, run="r1"), sealed)
+    assert third.pack.incremental is None and third.manifest.format_version == "1.0"
+    with pytest.raises(UsageError, match="cannot be encrypted"):
+        publish(str(src), store, HeadSpec(position=4, run="r1"), replace(sealed, incremental=True))
+
+
+def _name(result: dict[str, Any]) -> str:
+    return str(result["url"]).split("/store/")[1]
 
 
 def test_the_schema_validates_an_incremental_manifest_and_its_index(
@@ -561,3 +653,46 @@ def test_an_incremental_one_whose_base_went_away_is_replaced_by_a_full_one(
     assert not replaced.manifest.bases
     assert verify(replaced.url).files == 2
     assert latest(url, verify_it=True).url == replaced.url
+
+
+def test_the_check_after_the_commit_reads_no_payload_and_catches_a_changed_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spec 28.4: after the commit every base is opened as R9a opens it and every reference is
+    placed inside one, with no frame read (frames are checked at every read); a base that is
+    not the one named (here: replaced by another restore point under its name) fails it."""
+    from restorepoint.ops import _delta
+    from restorepoint.ops._delta import check_bases
+    from restorepoint.ops.publish import _verified_or_full
+
+    url = f"{tmp_path}/store/"
+    frozen = os.urandom(FROZEN)
+    src = tmp_path / "src"
+    _write(src, frozen, 1)
+    first = _publish(src, url, 1)
+    reads: list[int] = []
+    read_range = _delta._Region.read_range
+
+    def counted(self: Any, start: int, end: int) -> bytes:
+        reads.append(end - start)
+        return read_range(self, start, end)
+
+    monkeypatch.setattr(_delta._Region, "read_range", counted)
+    _write(src, frozen, 2)
+    second = _publish(src, url, 2)
+    assert [b.name for b in second.manifest.bases or ()] == [first.url.split("/store/")[1]]
+    assert reads == []  # no frame of the base was read by the publish
+    # The base replaced by another restore point under its name: its digest differs.
+    other = publish(
+        str(src), f"{tmp_path}/other.rp", HeadSpec(position=1, run="r1"),
+        PackOptions(incremental=False, chunk_size=MIB, codec="none"),
+    )  # fmt: skip
+    shutil.copyfile(other.url, first.url)
+    with pytest.raises(IntegrityError, match="has changed"):
+        check_bases(resolve(second.url), second.manifest)
+    opts = PackOptions(incremental=True, chunk_size=MIB, codec="none")
+    replaced = _verified_or_full(
+        second.pack, str(src), resolve(url), HeadSpec(position=2, run="r1"), opts, None
+    )
+    assert replaced.url != second.url and not replaced.manifest.bases
+    assert reads == []

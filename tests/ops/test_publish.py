@@ -39,9 +39,11 @@ def steps(store: str, run: str) -> list[int]:
 def test_the_library_publish_protects_what_it_published(tmp_path: Path) -> None:
     store = f"{tmp_path / 'store'}/"
     source = checkpoint(tmp_path / "ckpt")
+    # Full restore points: an incremental one would keep its base too (spec 28.5).
+    full = PackOptions(incremental=False)
     for step in (500, 2000):
-        publish(source, store, HeadSpec(step, run="r1"))
-    done = publish(source, store, HeadSpec(1000, run="r1"), keep_last=1)
+        publish(source, store, HeadSpec(step, run="r1"), full)
+    done = publish(source, store, HeadSpec(1000, run="r1"), full, keep_last=1)
     assert done.prune_error is None and done.pruned is not None
     assert steps(store, "r1") == [2000, 1000]
     kept = {e.step: reasons for e, reasons in done.pruned.runs[0].keep}
@@ -73,9 +75,11 @@ def test_the_cli_pack_keep_last_protects_what_it_published(tmp_path: Path) -> No
     store = f"{tmp_path / 'store'}/"
     source = checkpoint(tmp_path / "ckpt")
     for step in ("500", "2000"):
-        proc = cli("pack", str(source), store, "--step", step, "--run", "r1")
+        proc = cli("pack", str(source), store, "--step", step, "--run", "r1", "--full")
         assert proc.returncode == 0, proc.stderr
-    proc = cli("pack", str(source), store, "--step", "1000", "--run", "r1", "--keep-last", "1")
+    proc = cli(
+        "pack", str(source), store, "--step", "1000", "--run", "r1", "--keep-last", "1", "--full"
+    )
     assert proc.returncode == 0, proc.stderr
     assert steps(store, "r1") == [2000, 1000]
     assert "deleted " in proc.stdout and "0000000000000500-" in proc.stdout
@@ -92,10 +96,12 @@ def test_the_runtime_resumed_from_an_older_restore_point_keeps_what_it_publishes
     at = json.loads((checkpoints / "position.json").read_text())
     older = restorepoint.Position(at["step"], at["epoch"], at["batch"])
     store = f"{tmp_path / 'store'}/"
-    resumed = pack_demo(checkpoints, store, position=older)
-    pack_demo(checkpoints, store, position=restorepoint.Position(90, 2, 26))  # the other branch
+    # Full restore points (an incremental one keeps its base too, spec 28.5): the supervisor's
+    # --full reaches the trainer's own publishes.
+    resumed = pack_demo(checkpoints, store, position=older, incremental=False)
+    pack_demo(checkpoints, store, position=restorepoint.Position(90, 2, 26), incremental=False)
     command = [
-        *(sys.executable, "-m", "restorepoint", "run", "--store", store),
+        *(sys.executable, "-m", "restorepoint", "run", "--store", store, "--full"),
         *("--resume-from", resumed.url, "--"),
         *trainer_command(tmp_path / "b" / "runs", tmp_path / "b" / "out.pt", "--keep-last",
                          "1", "--step-delay", "0.02"),
@@ -104,6 +110,8 @@ def test_the_runtime_resumed_from_an_older_restore_point_keeps_what_it_publishes
     assert code == 42, err
     published = [s for s in steps(store, RUN) if s not in (90, older.step)]
     assert len(published) == 1 and older.step < published[0] < 90
+    (mine,) = [e for e in restorepoint.list_store(store, run=RUN) if e.step == published[0]]
+    assert restorepoint.read_manifest(f"{store}{mine.name}").format_version == "1.0"
     # The newest (the other branch) and what was just published stay; so does the older one
     # it resumed from, which the supervisor's resume marker protected while the run lived
     # (spec 19.9). The run has ended: its marker is gone, and the next prune takes it.

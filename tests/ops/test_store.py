@@ -58,7 +58,9 @@ def store(tmp_path: Path) -> Path:
 def publish(
     source: Path, store: Path | str, run: str, step: int, at: float = 0.0, **options: Any
 ) -> restorepoint.PackResult:
-    """A restore point of ``run`` at ``step``, created ``at`` seconds after EPOCH."""
+    """A full restore point of ``run`` at ``step``, created ``at`` seconds after EPOCH (the
+    rules over full ones; over incremental ones, which keep their bases: test_delta.py)."""
+    options.setdefault("incremental", False)
     options.setdefault("chunk_size", CHUNK)
     options.setdefault("threads", 1)
     options.setdefault("level", 0)

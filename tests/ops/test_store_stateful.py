@@ -133,7 +133,7 @@ class StoreMachine(RuleBasedStateMachine):
         t = EPOCH + timedelta(seconds=self.clock)
         result = restorepoint.pack(
             self.source, f"{self.store}/", position=step, run=run, chunk_size=CHUNK, level=0,
-            threads=1, created=t.strftime("%Y-%m-%dT%H:%M:%S.000Z"),
+            threads=1, created=t.strftime("%Y-%m-%dT%H:%M:%S.000Z"), incremental=False,
         )  # fmt: skip
         name = entry_name(result.manifest)
         assert result.url == self.url(name)

@@ -1,10 +1,12 @@
-"""ResumableRun(incremental=True) (spec section 28): a model with a frozen backbone publishes
-only what training changed, each restore point verifies through its references, keep-last
-never deletes a base of what it keeps, and a run resumes bit for bit from an incremental one."""
+"""ResumableRun publishes incremental restore points into a store by default (spec section 28):
+a model with a frozen backbone publishes only what training changed, each restore point
+verifies through its references, keep-last never deletes a base of what it keeps, and a run
+resumes bit for bit from an incremental one."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,9 +30,10 @@ def test_a_frozen_backbone_is_uploaded_once(tmp_path: Path) -> None:
     store = f"{tmp_path}/store/"
     net = model()
     opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1)
+    # No incremental= given: incremental is the default into a store.
     with ResumableRun(
         CONFIG, root=tmp_path / "a", store=store, snapshot_every=1, keep_last=1,
-        final_snapshot=False, incremental=True,
+        final_snapshot=False,
     ) as run:  # fmt: skip
         run.track(model=net, optimizer=opt)
         run.resume()
@@ -48,6 +51,7 @@ def test_a_frozen_backbone_is_uploaded_once(tmp_path: Path) -> None:
     # keep-last 1 keeps step 3 and the first, whose frozen backbone step 3 references.
     assert sorted(sizes) == [1, 3]
     assert sizes[3] < 0.1 * sizes[1]
+    assert [b.name.split("/")[1].split("-")[0] for b in _bases(store, run_id, 3)] == [f"{1:016d}"]
     newest = restorepoint.latest(store, run=run_id, verify_it=True)
     assert newest.step == 3
     # Another machine resumes from it: every tensor as it was.
@@ -61,3 +65,8 @@ def test_a_frozen_backbone_is_uploaded_once(tmp_path: Path) -> None:
         assert second.step == 3
     for a, b in zip(net.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def _bases(store: str, run: str, step: int) -> tuple[Any, ...]:
+    (entry,) = [e for e in list_store(store, run=run) if e.step == step]
+    return restorepoint.read_manifest(f"{store}{entry.name}").bases or ()

@@ -84,6 +84,27 @@ def test_a_real_state_round_trips_bit_for_bit_with_no_pickle(tmp_path: Path) -> 
     assert expected[:2] == got[:2] and torch.equal(expected[2], got[2])
 
 
+def test_the_image_in_memory_reads_the_file_s_bytes_from_any_position(tmp_path: Path) -> None:
+    """An incremental publish reads a sample of chunks of the snapshot where they lie (spec
+    28.4, W4c): a seek into the image in memory gives the bytes the file has there."""
+    from restorepoint.runtime.snapshot_file import SnapshotImage
+
+    model, optimizer, _, _ = _trained()
+    state = {"model": to_cpu(model.state_dict()), "opt": to_cpu(optimizer.state_dict())}
+    image = SnapshotImage(state)
+    with open(tmp_path / "f", "wb") as f:
+        image.write(f)
+    data = (tmp_path / "f").read_bytes()
+    stream = image.open()
+    assert stream.seekable() and len(data) == image.size
+    rng = random.Random(0)
+    for start in [0, len(image.head), len(data) - 1, len(data), *rng.sample(range(len(data)), 20)]:
+        length = rng.randrange(1, 200)
+        assert stream.seek(start) == start == stream.tell()
+        assert stream.read(length) == data[start : start + length]
+    assert stream.seek(-3, 2) == len(data) - 3 and stream.read() == data[-3:]
+
+
 @pytest.mark.parametrize(
     ("value", "where", "kind"),
     [

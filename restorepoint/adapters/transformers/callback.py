@@ -44,6 +44,7 @@ from ...ops.store import KeepBest
 from ...runtime.contract import (
     EXIT_RESUMABLE,
     SIGNING_KEY_ENV,
+    incremental_from_env,
     leave_stop_marker,
     report_ready,
 )
@@ -207,6 +208,8 @@ class RestorePointCallback(TrainerCallback):
         key = os.environ.get(SIGNING_KEY_ENV)
         if "sign" not in pack_options and key:
             pack_options["sign"] = (load_signing_key(key),)
+        # Incremental into a store by default; the supervisor's --full/--incremental if unsaid.
+        pack_options["incremental"] = incremental_from_env(pack_options.get("incremental"))
         try:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:

@@ -108,7 +108,7 @@ def plan_part(part: Location, head: Manifest, codec: Codec) -> Planned:
     return _plan_on(name, opened, head.run, head.chunk_size, codec, part=(head.part, ref.digest))
 
 
-def _plan_on(  # noqa: PLR0913, PLR0911 - the base, what the new object must match; a reason each
+def _plan_on(  # noqa: PLR0913 - the base and what the new object must match
     name: str,
     opened: Opened,
     run: str,

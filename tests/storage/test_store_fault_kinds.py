@@ -12,6 +12,7 @@ this upload, else it fails with one line."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -310,3 +311,29 @@ def test_a_short_body_is_never_taken_for_the_data_on_gcs(
         assert reader.read_range(1000, 51_000) == data[1000:51_000]
     finally:
         reader.close()
+
+
+#: A listing: a GET of the bucket itself, with a query (``list-type=2``, the prefix).
+LISTING = r"^GET /[^/?\s]+/?\?"
+
+
+def test_a_store_that_cannot_be_listed_gets_a_full_restore_point(
+    proxy: FaultProxy, s3_client: Any, s3_bucket: str, prefix: str, tmp_path: Path
+) -> None:
+    """Publishing into a store is incremental by default, which lists the run's restore points
+    first (spec 28.4, W4c). A store that takes writes but never answers a listing (every try
+    503) still gets its restore point, a full one that says why, and it verifies whole."""
+    env = s3_env_for(s3_options(proxy.endpoint))
+    env.update(POLICY_ENV)
+    source = str(checkpoint(tmp_path / "src", seed=7))
+    proxy.set(Faults(rules=[Rule(LISTING, "error", times=1000)]))
+    result = cli("pack", source, prefix, "--run", "r1", "--step", "1", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["incremental"]["reused"] == 0
+    assert "cannot be listed" in out["incremental"]["reason"]
+    assert proxy.injected["error"] >= int(POLICY_ENV["RESTOREPOINT_STORE_ATTEMPTS"])
+    proxy.set(Faults())
+    assert _uploads(s3_client, s3_bucket) == []
+    verified = cli("verify", out["url"], env=env)
+    assert verified.returncode == 0, verified.stderr

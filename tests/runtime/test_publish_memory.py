@@ -180,14 +180,17 @@ def test_a_kill_during_the_in_memory_publish_keeps_the_previous_restore_point(
     assert [e.url for e in entries] == [first]
     report = restorepoint.verify(first)
     assert report.manifest.position.step == 1
-    # The run directory's snapshot is the first one, whole; the kill left at most the
+    # The run directory's snapshot is whole: the first one, or the second when its own
+    # write (on a thread beside the publish) landed before the kill; the kill left at most the
     # temporary file of the second (as a kill during any save does), never a torn last.pt.
     checkpoints = run_dir / "checkpoints"
-    assert load_state(checkpoints / "last.pt")["position"]["step"] == 1
-    assert (
-        _sha256(checkpoints / "last.pt")
-        == dict((e.path, e.sha256) for e in report.manifest.payload or ())["last.pt"]
-    )
+    step = load_state(checkpoints / "last.pt")["position"]["step"]
+    assert step in (1, 2)
+    if step == 1:
+        assert (
+            _sha256(checkpoints / "last.pt")
+            == dict((e.path, e.sha256) for e in report.manifest.payload or ())["last.pt"]
+        )
     # A fresh run resumes from it.
     model = torch.nn.Linear(1024, 1024)
     with ResumableRun(

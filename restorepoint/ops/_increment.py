@@ -5,8 +5,6 @@ no payload byte is read), and the writer's policy for when to publish a full one
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -32,15 +30,12 @@ from .store import list_store
 __all__ = [
     "FULL_EVERY",
     "MIN_REUSE",
-    "REST",
     "SAMPLE_BYTES",
     "Planned",
     "enough_reuse",
     "plan_from",
     "plan_increment",
     "plan_part",
-    "rest",
-    "resting",
     "sample_points",
 ]
 
@@ -61,51 +56,12 @@ SAMPLE_BYTES = 32 << 20
 assert FULL_EVERY <= MAX_DELTA_BASES
 
 
-#: After a publish that would reuse less than MIN_REUSE of its bytes, the next REST publishes
-#: of the run into the same store by this process are full restore points of the older format,
-#: which name no chunks: no sha256 of every chunk, no tensor cuts, no listing and no estimate
-#: (spec 28.4, W4c). The one after names its chunks again, so that the next can reference them.
-#: A state that changes whole at every step (a full fine-tune) then pays for naming its chunks
-#: once every REST + 2 publishes instead of at each one; a run whose state stops changing finds
-#: its references again within REST + 2 publishes.
-REST = 14
-#: Runs this process remembers resting (the oldest is forgotten first).
-_MAX_RESTING = 256
-_resting: OrderedDict[tuple[str, str], int] = OrderedDict()
-_resting_lock = threading.Lock()
-
-
-def rest(where: str, run: str) -> None:
-    """The run ``run`` in the store ``where`` rests for its next REST publishes (its last
-    one would have reused less than MIN_REUSE)."""
-    with _resting_lock:
-        _resting[(where, run)] = REST
-        _resting.move_to_end((where, run))
-        while len(_resting) > _MAX_RESTING:
-            _resting.popitem(last=False)
-
-
-def resting(where: str, run: str) -> int:
-    """How many publishes the run has left to rest, this one counted (0: none), and this one
-    taken."""
-    key = (where, run)
-    with _resting_lock:
-        left = _resting.get(key, 0)
-        if left <= 1:
-            _resting.pop(key, None)
-        else:
-            _resting[key] = left - 1
-    return left
-
-
 @dataclass(frozen=True)
 class Planned:
-    """What a publish may reference (None: it publishes a full one), and why. ``plain``: the
-    full one names no chunks (the older format: its state changes too much, REST)."""
+    """What a publish may reference (None: it publishes a full one), and why."""
 
     plan: DeltaPlan | None
     reason: str
-    plain: bool = False
 
 
 def plan_increment(store: Location, run: str, chunk_size: int, codec: Codec) -> Planned:

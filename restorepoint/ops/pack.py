@@ -263,7 +263,6 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
     store = is_store_url(dest) if into_store is None else into_store
     location = resolve(dest, options.storage_options)
     planned = None
-    plain = head
     if options.incremental is not False:
         why_not = _why_full(head, store=store, encrypted=cipher is not None)
         if why_not is None:
@@ -271,16 +270,10 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
         elif options.incremental:
             raise UsageError(why_not)
     cuts = None
-    if planned is not None and not planned.plain:
+    if planned is not None:
         # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
         cuts = [cuts_for(f.location, f.size, head.chunk_size, f.opener) for f in files]
         planned = _worth_it(planned, files, head.chunk_size, cuts)
-        if planned.plain and store:
-            # Its state changes too much: the run rests for its next publishes (W4c).
-            _rest(location.url, plain)
-    if planned is not None and planned.plain:
-        # A full one that names no chunks (the older format, W4c).
-        head, cuts = plain, None
     if store:
         location = location.join(entry_name(head))
     with at_url(location.url):
@@ -332,14 +325,10 @@ def _incremental(head: Manifest, location: Location, codec: Codec) -> tuple[Mani
     """The head of an incremental restore point (format 1.2, ``delta/1``) and what it may
     reference of the run's newest restore point in the store (spec section 28.4), or, for a
     part at ``location``, of its rank's part of the run's newest commit (28.7)."""
-    from ._increment import Planned, plan_increment, plan_part, resting
+    from ._increment import Planned, plan_increment, plan_part
 
     if head.parts is not None:
         return head, Planned(None, "a commit holds no payload: each of its parts is planned")
-    if head.part is None and head.run is not None:
-        left = resting(location.url, head.run)
-        if left:
-            return head, Planned(None, f"{_RESTING} ({left} more)", plain=True)
     head = replace(
         head,
         format_version=DELTA_VERSION,
@@ -361,18 +350,7 @@ def _worth_it(
 
     if planned.plan is None or enough_reuse(files, chunk_size, cuts, planned.plan):
         return planned
-    return Planned(None, f"it would reuse less than {MIN_REUSE:.0%} of its bytes", plain=True)
-
-
-#: The reason of a full restore point published while its run rests (``_increment.REST``).
-_RESTING = "the run's state changed too much at a recent publish"
-
-
-def _rest(where: str, head: Manifest) -> None:
-    from ._increment import rest
-
-    assert head.run is not None
-    rest(where, head.run)
+    return Planned(None, f"it would reuse less than {MIN_REUSE:.0%} of its bytes")
 
 
 def _chooser(options: PackOptions, codec: Codec, total: int) -> CodecChooser | None:

@@ -200,47 +200,29 @@ def test_a_run_of_referenced_frames_is_read_in_few_ranged_reads(
 
 
 def test_a_publish_that_would_reuse_less_than_min_reuse_is_full_and_says_why(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    from restorepoint.format.delta import DELTA_FEATURE
-    from restorepoint.ops import _increment
     from restorepoint.ops._increment import MIN_REUSE
 
-    monkeypatch.setattr(_increment, "REST", 2)
     store = f"{tmp_path}/store/"
     src = tmp_path / "src"
     kept = os.urandom(MIB)  # 1 MiB of 10 kept: 10% reused, under MIN_REUSE
     assert MIB < MIN_REUSE * 10 * MIB
     _write(src, kept + os.urandom(8 * MIB), 1)
     first = _publish(src, store, 1)
-    assert DELTA_FEATURE in first.manifest.required_features  # it names its chunks
     _write(src, kept + os.urandom(8 * MIB), 2)
     second = _publish(src, store, 2)
     assert second.pack.incremental == f"it would reuse less than {MIN_REUSE:.0%} of its bytes"
     assert not second.manifest.bases and second.pack.reused == 0
     assert second.pack.size > 10 * MIB  # every byte uploaded
-    # It names no chunks (the older format: nothing to hash), and the run rests: the next
-    # REST publishes are the same, without listing or estimating (spec 28.4, W4c).
-    assert DELTA_FEATURE not in second.manifest.required_features
-    assert second.manifest.format_version != first.manifest.format_version
-    resting = [_publish(src, store, step) for step in (3, 4)]
-    for result, left in zip(resting, (2, 1), strict=True):
-        assert result.pack.incremental == (
-            f"the run's state changed too much at a recent publish ({left} more)"
-        )
-        assert DELTA_FEATURE not in result.manifest.required_features
-    # Then it names its chunks again (its newest names none: nothing to reference yet) ...
-    named = _publish(src, store, 5)
-    assert named.pack.incremental is not None and "names no chunks" in named.pack.incremental
-    assert DELTA_FEATURE in named.manifest.required_features and not named.manifest.bases
-    # ... and with enough reuse (4 of its 10 MiB are chunks of that one), the next one is
+    # With enough reuse (4 of its 10 MiB are chunks of the second), the next one is
     # incremental again, based on the newest.
-    _write(src, kept + _second_tail(src, 3 * MIB) + os.urandom(5 * MIB), 6)
-    sixth = _publish(src, store, 6)
-    assert sixth.manifest.bases is not None and sixth.pack.reused >= MIN_REUSE * 10 * MIB
-    assert [b.name for b in sixth.manifest.bases] == [named.url.split("/store/")[1]]
-    for result in (first, second, *resting, named, sixth):
-        verify(result.url)
+    _write(src, kept + _second_tail(src, 3 * MIB) + os.urandom(5 * MIB), 3)
+    third = _publish(src, store, 3)
+    assert third.manifest.bases is not None and third.pack.reused >= MIN_REUSE * 10 * MIB
+    assert [b.name for b in third.manifest.bases] == [second.url.split("/store/")[1]]
+    verify(third.url)
+    verify(first.url)
 
 
 class _Counted(io.BytesIO):
@@ -714,23 +696,3 @@ def test_the_check_after_the_commit_reads_no_payload_and_catches_a_changed_base(
     )
     assert replaced.url != second.url and not replaced.manifest.bases
     assert reads == []
-
-
-def test_a_process_remembers_a_bounded_number_of_resting_runs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The rest after a low reuse (spec 28.4, W4c) is a count per (store, run) in this process:
-    # taken one publish at a time, and at most _MAX_RESTING runs, the oldest forgotten first.
-    from collections import OrderedDict
-
-    from restorepoint.ops import _increment
-
-    monkeypatch.setattr(_increment, "_resting", OrderedDict())
-    monkeypatch.setattr(_increment, "REST", 2)
-    for n in range(_increment._MAX_RESTING + 3):
-        _increment.rest("s3://b/store/", f"run{n}")
-    assert len(_increment._resting) == _increment._MAX_RESTING
-    assert _increment.resting("s3://b/store/", "run0") == 0  # forgotten: the oldest
-    newest = f"run{_increment._MAX_RESTING + 2}"
-    assert [_increment.resting("s3://b/store/", newest) for _ in range(3)] == [2, 1, 0]
-    assert _increment.resting("s3://b/other/", "run5") == 0  # another store: its own count

@@ -60,7 +60,7 @@ from ..errors import (
 )
 from ..format import Manifest, Position
 from ..ops import Expectations, describe
-from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.store import KeepBest
 from ..ops.verify import verify
 from ..runtime.contract import (
@@ -199,6 +199,7 @@ class AccelerateRun:
             self.options = PackOptions(**pack_options)
         except TypeError as exc:
             raise UsageError(f"AccelerateRun: {exc}") from None
+        self._rest = Rest()  # its publishes rest after one that would reuse too little (28.4)
         self.trust = trust
         self.accept_older = accept_older
         self.safe_globals = tuple(safe_globals)
@@ -371,6 +372,7 @@ class AccelerateRun:
                 include=files,
                 keep_last=self.keep_last,
                 keep_best=self.keep_best,
+                rest=self._rest,
             )
             if result.prune_error is not None:
                 log.warning("the prune after %s failed: %s", result.url, result.prune_error)

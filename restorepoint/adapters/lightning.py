@@ -44,7 +44,7 @@ from ..errors import MissingExtra, RestorePointError, UsageError
 from ..format import Manifest, Position
 from ..ops import Expectations, entry_name, verify
 from ..ops.local_view import DATA_KEY, data_digest
-from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.store import KeepBest
 from ..runtime.contract import EXIT_RESUMABLE, incremental_from_env, report_ready
 from ..runtime.safe_load import safe_load
@@ -186,6 +186,7 @@ class PreemptionCallback(pl.Callback):
             self.options = PackOptions(**pack_options)
         except TypeError as exc:
             raise UsageError(f"PreemptionCallback: {exc}") from None
+        self._rest = Rest()  # its publishes rest after one that would reuse too little (28.4)
         self.run = run_id(run, config, self.operational) if self.store is not None else run
         # Made here, so that a config that cannot be recorded fails now, not in every save.
         self._identity = identity_record(self.view, self.operational, self.run)
@@ -512,6 +513,7 @@ class PreemptionCallback(pl.Callback):
                 include=[LAST],
                 keep_last=self.keep_last,
                 keep_best=self.keep_best,
+                rest=self._rest,
             )
             # Read back end to end before it counts as published; the prune after the publish
             # verifies the run's newest in full, and then it is not read a second time.

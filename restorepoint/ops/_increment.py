@@ -5,6 +5,7 @@ no payload byte is read), and the writer's policy for when to publish a full one
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -30,8 +31,10 @@ from .store import list_store
 __all__ = [
     "FULL_EVERY",
     "MIN_REUSE",
+    "REST",
     "SAMPLE_BYTES",
     "Planned",
+    "Rest",
     "enough_reuse",
     "plan_from",
     "plan_increment",
@@ -56,12 +59,53 @@ SAMPLE_BYTES = 32 << 20
 assert FULL_EVERY <= MAX_DELTA_BASES
 
 
+#: After a publish that would reuse less than MIN_REUSE of its bytes, a publisher that rests
+#: (``Rest``: the runtime's, the integrations') publishes the run's next REST restore points as
+#: full ones of the older format, which name no chunks: no sha256 of every chunk, no tensor
+#: cuts, no listing and no estimate (spec 28.4, W4c). The one after names its chunks again, so
+#: that the next can reference them. A state that changes whole at every step (a full
+#: fine-tune) then pays for naming its chunks once every REST + 2 publishes instead of at each
+#: one; a run whose state stops changing finds its references again within REST + 2 publishes.
+REST = 14
+
+
+class Rest:
+    """The rest of one publisher: a run's restore points published one after another into
+    one store (the runtime's publisher, an integration's callback). A one-shot ``pack`` has
+    none, so its format never depends on what was published before by the same process.
+    The count belongs to the store and run of the publish that started it; a publish of
+    another store or run neither takes nor ends it. Thread-safe."""
+
+    def __init__(self, length: int | None = None) -> None:
+        self.length = REST if length is None else length
+        self._key: tuple[str, str] | None = None
+        self._left = 0
+        self._lock = threading.Lock()
+
+    def start(self, where: str, run: str) -> None:
+        """The run's last publish would have reused less than MIN_REUSE: rest for the next
+        ``length`` publishes of ``run`` into ``where``."""
+        with self._lock:
+            self._key, self._left = (where, run), self.length
+
+    def take(self, where: str, run: str) -> int:
+        """How many publishes are left to rest, this one counted (0: none), and this one
+        taken."""
+        with self._lock:
+            if self._key != (where, run) or self._left <= 0:
+                return 0
+            left, self._left = self._left, self._left - 1
+            return left
+
+
 @dataclass(frozen=True)
 class Planned:
-    """What a publish may reference (None: it publishes a full one), and why."""
+    """What a publish may reference (None: it publishes a full one), and why. ``plain``: the
+    full one names no chunks (the older format: its state changes too much, REST)."""
 
     plan: DeltaPlan | None
     reason: str
+    plain: bool = False
 
 
 def plan_increment(store: Location, run: str, chunk_size: int, codec: Codec) -> Planned:

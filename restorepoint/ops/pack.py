@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from ..trust import PublicKey, StreamCipher
-    from ._increment import Planned
+    from ._increment import Planned, Rest
 
 __all__ = [
     "CODECS",
@@ -220,11 +220,15 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     memory: Mapping[str, InMemory] | None = None,
+    rest: Rest | None = None,
 ) -> PackResult:
     """``pack`` with the head and the options as values (what ``publish`` and every
     integration call): the head was validated when ``spec`` was made; each call writes a
     restore point of its own (a fresh id and time, unless the spec fixes them). ``memory``:
-    payload files read from memory in the place of the source directory's (``list_source``)."""
+    payload files read from memory in the place of the source directory's (``list_source``).
+    ``rest``: the publisher's rest (one that publishes a run's restore points one after
+    another): after a publish that would reuse too little, the run's next ones name no chunks
+    for a while (spec 28.4, W4c)."""
     started = time.perf_counter()
     head = replace(spec.head(), chunk_size=options.chunk_size)
     codec, level, sign, encrypt_to = options.codec, options.level, options.sign, options.encrypt_to
@@ -263,17 +267,24 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
     store = is_store_url(dest) if into_store is None else into_store
     location = resolve(dest, options.storage_options)
     planned = None
+    plain = head
     if options.incremental is not False:
         why_not = _why_full(head, store=store, encrypted=cipher is not None)
         if why_not is None:
-            head, planned = _incremental(head, location, chosen)
+            head, planned = _incremental(head, location, chosen, rest)
         elif options.incremental:
             raise UsageError(why_not)
     cuts = None
-    if planned is not None:
+    if planned is not None and not planned.plain:
         # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
         cuts = [cuts_for(f.location, f.size, head.chunk_size, f.opener) for f in files]
-        planned = _worth_it(planned, files, head.chunk_size, cuts)
+        planned = _worth_it(planned, files, head.chunk_size, cuts, resting=rest is not None)
+        if planned.plain and rest is not None and plain.run is not None:
+            # Its state changes too much: the publisher rests for its next publishes (W4c).
+            rest.start(location.url, plain.run)
+    if planned is not None and planned.plain:
+        # A full one that names no chunks (the older format, W4c).
+        head, cuts = plain, None
     if store:
         location = location.join(entry_name(head))
     with at_url(location.url):
@@ -321,7 +332,9 @@ def _why_full(head: Manifest, *, store: bool, encrypted: bool) -> str | None:
     return None
 
 
-def _incremental(head: Manifest, location: Location, codec: Codec) -> tuple[Manifest, Planned]:
+def _incremental(
+    head: Manifest, location: Location, codec: Codec, rest: Rest | None = None
+) -> tuple[Manifest, Planned]:
     """The head of an incremental restore point (format 1.2, ``delta/1``) and what it may
     reference of the run's newest restore point in the store (spec section 28.4), or, for a
     part at ``location``, of its rank's part of the run's newest commit (28.7)."""
@@ -329,6 +342,10 @@ def _incremental(head: Manifest, location: Location, codec: Codec) -> tuple[Mani
 
     if head.parts is not None:
         return head, Planned(None, "a commit holds no payload: each of its parts is planned")
+    if rest is not None and head.part is None and head.run is not None:
+        left = rest.take(location.url, head.run)
+        if left:
+            return head, Planned(None, f"{_RESTING} ({left} more)", plain=True)
     head = replace(
         head,
         format_version=DELTA_VERSION,
@@ -342,15 +359,25 @@ def _incremental(head: Manifest, location: Location, codec: Codec) -> tuple[Mani
 
 
 def _worth_it(
-    planned: Planned, files: list[SourceFile], chunk_size: int, cuts: list[list[int] | None]
+    planned: Planned,
+    files: list[SourceFile],
+    chunk_size: int,
+    cuts: list[list[int] | None],
+    *,
+    resting: bool,
 ) -> Planned:
     """``planned``, or a full restore point when it would reuse less than MIN_REUSE of its
-    plain bytes (spec 28.4, W4c): then neither references nor their verification pay."""
+    plain bytes (spec 28.4, W4c): then neither references nor their verification pay. With
+    ``resting`` (a publisher that rests) the full one names no chunks: the older format."""
     from ._increment import MIN_REUSE, Planned, enough_reuse
 
     if planned.plan is None or enough_reuse(files, chunk_size, cuts, planned.plan):
         return planned
-    return Planned(None, f"it would reuse less than {MIN_REUSE:.0%} of its bytes")
+    return Planned(None, f"it would reuse less than {MIN_REUSE:.0%} of its bytes", plain=resting)
+
+
+#: The reason of a full restore point published while its publisher rests (``Rest``).
+_RESTING = "the run's state changed too much at a recent publish"
 
 
 def _chooser(options: PackOptions, codec: Codec, total: int) -> CodecChooser | None:

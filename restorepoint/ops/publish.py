@@ -25,6 +25,7 @@ from ..errors import IntegrityError, RestorePointError, UsageError
 from ..format import Manifest
 from ..storage import Location, resolve
 from ._delta import check_bases
+from ._increment import Rest
 from ._naming import entry_name, is_store_url
 from ._source import InMemory
 from .handoff import handoff_document, write_handoff
@@ -32,7 +33,7 @@ from .pack import PackResult, pack_spec
 from .spec import HeadSpec, PackOptions
 from .store import KeepBest, PruneReport, _store, prune
 
-__all__ = ["HeadSpec", "PackOptions", "PublishResult", "publish"]
+__all__ = ["HeadSpec", "PackOptions", "PublishResult", "Rest", "publish"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     on_start: Callable[[int], None] | None = None,
     parts_verified: bool = False,
     memory: Mapping[str, InMemory] | None = None,
+    rest: Rest | None = None,
 ) -> PublishResult:
     """Publish ``source`` (or its files ``include``) as a restore point of ``head``: into the
     store ``dest`` (a URL ending in "/"), create-only under its store name, or at the URL
@@ -87,7 +89,10 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
     back and verified their own parts; the prune checks its parts up to the payload only.
     ``keep_best`` (a store only): the prune also keeps the run's best by a metric (19.5).
     ``memory``: payload files whose bytes are in memory, packed in the place of the source
-    directory's files of the same paths (a runtime's snapshot, with no file read back)."""
+    directory's files of the same paths (a runtime's snapshot, with no file read back).
+    ``rest``: the caller publishes the run's restore points one after another and keeps this
+    across its publishes: after one that would reuse too little of its newest, the next ones
+    name no chunks for a while (spec 28.4, W4c); a one-shot publish passes none."""
     into_store = is_store_url(dest)
     if keep_last is not None and not into_store:
         raise UsageError("--keep-last needs a store DEST (a URL ending in /)")
@@ -110,6 +115,7 @@ def publish(  # noqa: PLR0913 - the one publish: head, options, retention, hando
         progress=progress,
         on_start=on_start,
         memory=memory,
+        rest=rest,
     )
     if result.manifest.bases:
         result = _verified_or_full(result, source, location, head, options, include, memory)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ..adapters.base import Snapshot
 from ..errors import RestorePointError
 from ..ops import verify
-from ..ops.publish import HeadSpec, PackOptions, PublishResult, publish
+from ..ops.publish import HeadSpec, PackOptions, PublishResult, Rest, publish
 from ..ops.store import KeepBest, entry_name
 from ..runtime.contract import RunDirectory
 from ..runtime.worker import SnapshotWorker
@@ -73,6 +73,7 @@ class ExternalLoop:
         self.store = store
         self.head = head
         self.options = options
+        self._rest = Rest()  # its publishes rest after one that would reuse too little (28.4)
         self.telemetry = telemetry
         self.keep_last = keep_last
         self.keep_local = keep_local
@@ -229,6 +230,7 @@ class ExternalLoop:
                 include=snap.files,
                 keep_last=self.keep_last,
                 keep_best=self.keep_best,
+                rest=self._rest,
             )
             self._verify(result)
         except RestorePointError as exc:

@@ -41,7 +41,7 @@ from ..errors import RestorePointError
 from ..format import PartRef, Position
 from ..ops._source import InMemory
 from ..ops.parts import CommitPlan, publish_commit, publish_part
-from ..ops.publish import HeadSpec, PackOptions, publish
+from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.resumed import ResumeMarker
 from ..ops.store import KeepBest
 from .contract import POSITION_FILE, RunDirectory
@@ -130,6 +130,8 @@ class Publisher:
         self.directory = directory
         self.store = store
         self.options = options
+        #: Its publishes rest after one that would reuse too little of its newest (spec 28.4).
+        self.rest = Rest()
         self.keep_last = keep_last
         self.keep_best = keep_best
         #: The marker of the store's restore point this run resumed from (spec 19.9), renewed
@@ -277,6 +279,7 @@ class Publisher:
                 keep_last=self.keep_last,
                 keep_best=self.keep_best,
                 memory=memory,
+                rest=self.rest,
             )
         except RestorePointError as exc:
             self.uploads.append({"ok": False, "step": step, "error": str(exc)})
@@ -287,6 +290,13 @@ class Publisher:
         seconds = time.perf_counter() - started
         upload: dict[str, Any] = {"ok": True, "step": step, "url": result.url, "seconds": seconds}
         extra: dict[str, Any] = {}
+        if result.pack.incremental is not None:
+            # Whether it referenced its newest, and why not (spec 28.4): a full fine-tune's
+            # publishes say that they reused nothing, and when they rest.
+            upload["incremental"] = extra["incremental"] = {
+                "reason": result.pack.incremental,
+                "reused": result.pack.reused,
+            }
         if result.pack.choices is not None:
             # What the adaptive codec chose, chunk by chunk (spec 13, W4b): in the telemetry.
             upload["codec_choices"] = extra["codec_choices"] = result.pack.choices.to_dict()

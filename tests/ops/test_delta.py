@@ -202,6 +202,7 @@ def test_a_run_of_referenced_frames_is_read_in_few_ranged_reads(
 def test_a_publish_that_would_reuse_less_than_min_reuse_is_full_and_says_why(
     tmp_path: Path,
 ) -> None:
+    from restorepoint.format.delta import DELTA_FEATURE
     from restorepoint.ops._increment import MIN_REUSE
 
     store = f"{tmp_path}/store/"
@@ -215,6 +216,9 @@ def test_a_publish_that_would_reuse_less_than_min_reuse_is_full_and_says_why(
     assert second.pack.incremental == f"it would reuse less than {MIN_REUSE:.0%} of its bytes"
     assert not second.manifest.bases and second.pack.reused == 0
     assert second.pack.size > 10 * MIB  # every byte uploaded
+    # A one-shot publish (no rest) still names its chunks, so that the next can reference it:
+    # its format never depends on what this process published before.
+    assert DELTA_FEATURE in second.manifest.required_features
     # With enough reuse (4 of its 10 MiB are chunks of the second), the next one is
     # incremental again, based on the newest.
     _write(src, kept + _second_tail(src, 3 * MIB) + os.urandom(5 * MIB), 3)
@@ -223,6 +227,71 @@ def test_a_publish_that_would_reuse_less_than_min_reuse_is_full_and_says_why(
     assert [b.name for b in third.manifest.bases] == [second.url.split("/store/")[1]]
     verify(third.url)
     verify(first.url)
+
+
+def test_a_publisher_that_rests_names_no_chunks_for_its_next_publishes(tmp_path: Path) -> None:
+    # A publisher that publishes a run's restore points one after another keeps a Rest: after a
+    # publish that would reuse too little, that one and the next REST name no chunks (the older
+    # format: no per-chunk sha256, no listing, no estimate), then it names them again (28.4).
+    from restorepoint.format.delta import DELTA_FEATURE
+    from restorepoint.ops._increment import MIN_REUSE
+    from restorepoint.ops.publish import Rest
+
+    rest = Rest(2)
+    store = f"{tmp_path}/store/"
+    src = tmp_path / "src"
+    kept = os.urandom(MIB)
+    _write(src, kept + os.urandom(8 * MIB), 1)
+    first = _publish(src, store, 1, rest=rest)
+    assert DELTA_FEATURE in first.manifest.required_features  # nothing to reuse yet: it names
+    _write(src, kept + os.urandom(8 * MIB), 2)
+    second = _publish(src, store, 2, rest=rest)
+    assert second.pack.incremental == f"it would reuse less than {MIN_REUSE:.0%} of its bytes"
+    assert DELTA_FEATURE not in second.manifest.required_features
+    assert second.manifest.format_version != first.manifest.format_version
+    # Another run into the same store by the same publisher neither takes nor ends the rest.
+    other = publish(
+        str(src),
+        store,
+        HeadSpec(position=9, run="r2"),
+        PackOptions(incremental=True, chunk_size=MIB, codec="none"),
+        rest=rest,
+    )
+    assert DELTA_FEATURE in other.manifest.required_features
+    resting = [_publish(src, store, step, rest=rest) for step in (3, 4)]
+    for result, left in zip(resting, (2, 1), strict=True):
+        assert result.pack.incremental == (
+            f"the run's state changed too much at a recent publish ({left} more)"
+        )
+        assert DELTA_FEATURE not in result.manifest.required_features
+        assert result.pack.size > 10 * MIB
+    # Then it names its chunks again (its newest names none: nothing to reference yet) ...
+    named = _publish(src, store, 5, rest=rest)
+    assert named.pack.incremental is not None and "names no chunks" in named.pack.incremental
+    assert DELTA_FEATURE in named.manifest.required_features and not named.manifest.bases
+    # ... and with enough reuse (4 of its 10 MiB are chunks of that one), the next one is
+    # incremental again, based on the newest.
+    _write(src, kept + _second_tail(src, 3 * MIB) + os.urandom(5 * MIB), 6)
+    sixth = _publish(src, store, 6, rest=rest)
+    assert sixth.manifest.bases is not None and sixth.pack.reused >= MIN_REUSE * 10 * MIB
+    assert [b.name for b in sixth.manifest.bases] == [named.url.split("/store/")[1]]
+    for result in (first, second, other, *resting, named, sixth):
+        verify(result.url)
+
+
+def test_a_rest_is_taken_one_publish_at_a_time_for_its_own_store_and_run() -> None:
+    from restorepoint.ops._increment import REST
+    from restorepoint.ops.publish import Rest
+
+    assert Rest().length == REST
+    rest = Rest(2)
+    assert rest.take("s3://b/store/", "r1") == 0  # not started
+    rest.start("s3://b/store/", "r1")
+    assert rest.take("s3://b/other/", "r1") == 0  # another store
+    assert rest.take("s3://b/store/", "r2") == 0  # another run
+    assert [rest.take("s3://b/store/", "r1") for _ in range(3)] == [2, 1, 0]
+    rest.start("s3://b/store/", "r1")  # a new low reuse starts it again
+    assert rest.take("s3://b/store/", "r1") == 2
 
 
 class _Counted(io.BytesIO):

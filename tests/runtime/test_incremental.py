@@ -70,3 +70,60 @@ def test_a_frozen_backbone_is_uploaded_once(tmp_path: Path) -> None:
 def _bases(store: str, run: str, step: int) -> tuple[Any, ...]:
     (entry,) = [e for e in list_store(store, run=run) if e.step == step]
     return restorepoint.read_manifest(f"{store}{entry.name}").bases or ()
+
+
+def test_a_full_fine_tune_says_it_reused_nothing_and_rests(tmp_path: Path) -> None:
+    # Every parameter trains with Adam: nothing of a restore point is left in the next. The
+    # runtime's publisher rests (spec 28.4): after the publish that would reuse too little,
+    # that one and the next REST name no chunks, so no per-chunk sha256 is paid for.
+    from restorepoint.format.delta import DELTA_FEATURE
+    from restorepoint.ops._increment import REST
+
+    store = f"{tmp_path}/store/"
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 8))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    with ResumableRun(
+        CONFIG, root=tmp_path / "a", store=store, snapshot_every=1, final_snapshot=False
+    ) as run:
+        run.track(model=net, optimizer=opt)
+        run.resume()
+        for _ in range(4):
+            loss = net(torch.randn(4, 512)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            run.commit()
+            run.wait()
+        run_id = run.run_id
+        uploads = [u for u in run.uploads if u["ok"]]
+    reasons = [u["incremental"]["reason"] for u in uploads]
+    assert "names no chunks" not in reasons[0]  # the first of the run: nothing to reference
+    assert reasons[1] == "it would reuse less than 25% of its bytes"
+    assert reasons[2:] == [
+        f"the run's state changed too much at a recent publish ({left} more)"
+        for left in (REST, REST - 1)
+    ]
+    assert all(u["incremental"]["reused"] == 0 for u in uploads)
+    entries = {e.step: e.name for e in list_store(store, run=run_id)}
+    features = [
+        restorepoint.read_manifest(f"{store}{entries[s]}").required_features for s in (1, 2, 3, 4)
+    ]
+    assert DELTA_FEATURE in features[0]
+    assert all(DELTA_FEATURE not in f for f in features[1:])
+    again = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 8))
+    again_opt = torch.optim.Adam(again.parameters(), lr=1e-3)
+    with ResumableRun(
+        CONFIG, root=tmp_path / "b", store=store, snapshot_every=1, final_snapshot=False
+    ) as second:
+        second.track(model=again, optimizer=again_opt)
+        second.resume()
+        assert second.step == 4
+    for a, b in zip(net.state_dict().values(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    want, got = opt.state_dict(), again_opt.state_dict()
+    assert want["param_groups"] == got["param_groups"]
+    assert want["state"].keys() == got["state"].keys()
+    for key, moments in want["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(value, got["state"][key][name]), (key, name)

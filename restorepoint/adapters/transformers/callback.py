@@ -39,7 +39,7 @@ from ...errors import MissingExtra, UsageError
 from ...format import Position
 from ...format.metrics import METRIC_NAME
 from ...ops import entry_name, verify
-from ...ops.publish import HeadSpec, PackOptions, publish
+from ...ops.publish import HeadSpec, PackOptions, Rest, publish
 from ...ops.store import KeepBest
 from ...runtime.contract import (
     EXIT_RESUMABLE,
@@ -214,6 +214,7 @@ class RestorePointCallback(TrainerCallback):
             self.options = PackOptions(**pack_options)
         except TypeError as exc:
             raise UsageError(f"RestorePointCallback: {exc}") from None
+        self._rest = Rest()  # its publishes rest after one that would reuse too little (28.4)
         self.events: list[dict[str, Any]] = []
         self._spec: HeadSpec | None = None
         self._flags: SignalFlags | None = None
@@ -357,6 +358,7 @@ class RestorePointCallback(TrainerCallback):
                         keep_last=self.keep_last,
                         keep_best=self.keep_best,
                         handoff=self.handoff,
+                        rest=self._rest,
                     )
                     # Read back end to end before it counts; the prune after the publish
                     # verifies the run's newest in full, and then it is not read twice.

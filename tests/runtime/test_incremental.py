@@ -26,26 +26,32 @@ def model() -> torch.nn.Module:
     return net
 
 
-def test_a_frozen_backbone_is_uploaded_once(tmp_path: Path) -> None:
-    store = f"{tmp_path}/store/"
-    net = model()
-    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1)
-    # No incremental= given: incremental is the default into a store.
+def _train(
+    root: Path, store: str, net: Any, opt: Any, *, steps: int, keep_last: int | None = None
+) -> tuple[str, list[dict[str, Any]]]:
+    """``steps`` real steps, a restore point after each, waited for: the run and its uploads."""
     with ResumableRun(
-        CONFIG, root=tmp_path / "a", store=store, snapshot_every=1, keep_last=1,
+        CONFIG, root=root, store=store, snapshot_every=1, keep_last=keep_last,
         final_snapshot=False,
     ) as run:  # fmt: skip
         run.track(model=net, optimizer=opt)
         run.resume()
-        for _ in range(3):
-            loss = net(torch.randn(4, 1024)).square().mean()
+        for _ in range(steps):
+            loss = net(torch.randn(4, net[0].in_features)).square().mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
             run.commit()
             run.wait()
-        run_id = run.run_id
-        uploads = [u for u in run.uploads if u["ok"]]
+        return run.run_id, [u for u in run.uploads if u["ok"]]
+
+
+def test_a_frozen_backbone_is_uploaded_once(tmp_path: Path) -> None:
+    store = f"{tmp_path}/store/"
+    net = model()
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1)
+    # No incremental= given: incremental is the default into a store.
+    run_id, uploads = _train(tmp_path / "a", store, net, opt, steps=3, keep_last=1)
     assert len(uploads) == 3
     sizes = {e.step: e.size for e in list_store(store, run=run_id)}
     # keep-last 1 keeps step 3 and the first, whose frozen backbone step 3 references.
@@ -83,20 +89,7 @@ def test_a_full_fine_tune_says_it_reused_nothing_and_rests(tmp_path: Path) -> No
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 8))
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    with ResumableRun(
-        CONFIG, root=tmp_path / "a", store=store, snapshot_every=1, final_snapshot=False
-    ) as run:
-        run.track(model=net, optimizer=opt)
-        run.resume()
-        for _ in range(4):
-            loss = net(torch.randn(4, 512)).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            run.commit()
-            run.wait()
-        run_id = run.run_id
-        uploads = [u for u in run.uploads if u["ok"]]
+    run_id, uploads = _train(tmp_path / "a", store, net, opt, steps=4)
     reasons = [u["incremental"]["reason"] for u in uploads]
     assert "names no chunks" not in reasons[0]  # the first of the run: nothing to reference
     assert reasons[1] == "it would reuse less than 25% of its bytes"

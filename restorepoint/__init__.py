@@ -7,10 +7,11 @@ elsewhere only when it is compatible. See docs/api.md.
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from ._lazy import load as _load
+from ._lazy import names as _names
 from ._version import __version__
 from .errors import (
     AlreadyExists,
@@ -164,13 +165,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'restorepoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # once: later lookups do not come back here
-    return value
+    return _load(name, _LAZY, globals())
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _names(globals())

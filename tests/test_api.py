@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
+
+import pytest
 
 import restorepoint
 from restorepoint import errors
@@ -42,3 +45,20 @@ def test_version_is_the_package_version() -> None:
     from importlib.metadata import version
 
     assert restorepoint.__version__ == version("restorepoint")
+
+
+def test_every_lazy_package_lists_and_refuses_names_like_a_module() -> None:
+    # The root, ops and trust resolve their public names on first use (restorepoint._lazy):
+    # dir() shows every public name whether loaded or not, every table entry resolves to its
+    # own module's object, and an unknown name is the AttributeError any module raises.
+    import restorepoint.ops
+    import restorepoint.trust
+
+    for package in (restorepoint, restorepoint.ops, restorepoint.trust):
+        assert set(package.__all__) <= set(dir(package)), package.__name__
+        for name, module in package._LAZY.items():
+            value = getattr(package, name)
+            assert value is getattr(sys.modules[f"{package.__name__}.{module}"], name)
+        message = f"module {package.__name__!r} has no attribute 'no_such_name'"
+        with pytest.raises(AttributeError, match=f"^{re.escape(message)}$"):
+            package.no_such_name  # noqa: B018

@@ -6,10 +6,12 @@ gate's (tests/cli/test_imports.py pins what a verify loads)."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from .._lazy import load as _load
+from .._lazy import names as _names
 
 if TYPE_CHECKING:
     from ._config import check_json_data, load_config
@@ -104,16 +106,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # once: later lookups do not come back here
-    return value
+    return _load(name, _LAZY, globals())
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _names(globals())
 
 
 #: Public functions named after the module that holds them.

@@ -11,12 +11,13 @@
                 run.commit()                           # one effective batch is done
 
 ``ResumableRun`` composes the runtime's parts: the run directory and its contract
-(``contract``), what the run is (``identity``: operational keys, run id), the signal flags
-(``signals``), the snapshot worker (``worker``), the save and publish of each snapshot
-(``publish``), the stop path (``stop``), where to resume from (``resume_from``), the data order
-(``data``) and the snapshot's state (``state``). It resumes through the one way in
-(``ops.resume``: the strict gate against its local view) and publishes through the one way out
-(``ops.publish``).
+(``contract``), what the run writes there about itself (``records``: identity record, status,
+events, ready reports), what the run is (``identity``: operational keys, run id), the signal
+flags (``signals``), the snapshot worker (``worker``), the save and publish of each snapshot
+(``publish``), the stop path (``stop``), the resume (``restore``) and where to resume from
+(``resume_from``), the data order (``data``) and the snapshot's state (``state``). It resumes
+through the one way in (``ops.resume``: the strict gate against its local view) and publishes
+through the one way out (``ops.publish``).
 
 - The run id and directory follow from the config identity (operational keys excluded), the seed
   and an optional name: a resubmitted job finds its own run, never another's.
@@ -37,13 +38,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import functools
-import json
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -52,10 +50,9 @@ from typing import Any
 import torch
 
 from .._posix import signal_number
-from .._text import plural, printable
 from .._version import __version__
-from ..errors import IncompatibleRestorePoint, IntegrityError, RestorePointError, UsageError
-from ..format import Position, Trainer, config_identity, diff_configs
+from ..errors import IntegrityError, RestorePointError, UsageError
+from ..format import Position, Trainer, config_identity
 from ..format.metrics import check_metrics
 from ..ops import Expectations, check_json_data, load_config
 from ..ops.local_view import cache_root_from_env
@@ -65,33 +62,31 @@ from ..trust import Trust, load_signing_key
 from .contract import (
     EXIT_RESUMABLE,
     KEEP_BEST_ENV,
-    POSITION_FILE,
     READY_ENV,
     SIGNING_KEY_ENV,
     STORE_ENV,
     RunDirectory,
     incremental_from_env,
     max_resubmits_from_env,
-    now,
-    report_ready,
     report_refusal,
 )
 from .data import EpochSampler, effective_batches
 from .detect import TORCH_TERMS_SOURCE, torch_terms
 from .identity import RECOVERY_KEYS, operational_keys, run_id_for, snapshot_interval
 from .publish import Publisher, rank_file
-from .resume_from import RUNTIME_HINTS, Landing, display, gate_handed, handed, store_snapshot
+from .records import (
+    append_event,
+    attach_identity,
+    exit_if_completed,
+    report_down,
+    report_up,
+    write_status,
+)
+from .restore import resume
+from .resume_from import RUNTIME_HINTS, Landing
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
 from .snapshot_file import Buffers
-from .state import (
-    STATE_FORMAT,
-    held_or_files,
-    load_state,
-    read_state,
-    rng_state,
-    set_rng,
-    to_cpu,
-)
+from .state import STATE_FORMAT, rng_state, to_cpu
 from .stop import end_stop, finish_uploads, stop
 from .worker import DEFAULT_NICE, Snapshot, SnapshotWorker
 
@@ -340,68 +335,21 @@ class ResumableRun:
     def __enter__(self) -> ResumableRun:
         self.directory.create()
         try:
-            self._attach_identity()
+            attach_identity(self)
         except RestorePointError as exc:
             # A run directory of another config: one line and exit 3, under a supervisor or
             # alone; nothing of the directory is touched.
             self._report_refusal(exc)
             raise SystemExit(exc.exit_code) from exc
         previous = self.directory.status()
-        self._exit_if_completed(previous)
+        exit_if_completed(self, previous)
         carried = previous.get("resubmit_count", 0)
         self._resubmits = carried if isinstance(carried, int) and carried >= 0 else 0
         self._write_status("running")
         self.flags.install()
         self.worker.start()
-        self._report_up()
+        report_up(self)
         return self
-
-    def _exit_if_completed(self, previous: Mapping[str, Any]) -> None:
-        """A run whose status is ``completed`` is not trained again: every rank exits 0 at
-        once (rank 0 says so in one line), before anything is written or resumed."""
-        done = previous.get("status") == "completed"
-        if self._world > 1:
-            flag = torch.tensor([int(done)], dtype=torch.int64)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            done = bool(flag[0])
-        if not done:
-            return
-        if self.is_main:
-            step = previous.get("step")
-            print(
-                printable(
-                    f"restorepoint: run {self.run_id} already completed"
-                    + (f" at step {step}" if isinstance(step, int) else "")
-                    + f" ({self.run_dir}): nothing to train; exiting 0"
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
-        raise SystemExit(0)
-
-    def _report_up(self) -> None:
-        """Handlers are installed: say so, to ``restorepoint snapshot`` (trainer.json in the run
-        directory) and to a supervisor ($RESTOREPOINT_READY_DIR/PID.json). A signal sent before
-        this would have found the default action, which for SIGUSR1 is to die."""
-        doc = {
-            "pid": os.getpid(),
-            "rank": self._rank,
-            "run": self.run_id,
-            "run_dir": str(self.run_dir.resolve()),
-            "snapshot_signal": self.flags.snapshot_signal,
-        }
-        if self.is_main:
-            self._reports.append(self.directory.write_trainer_report(doc))
-        with contextlib.suppress(OSError):
-            ready = report_ready(doc)
-            if ready is not None:
-                self._reports.append(ready)
-
-    def _report_down(self) -> None:
-        for path in self._reports:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        self._reports.clear()
 
     def _report_refusal(self, exc: RestorePointError) -> None:
         report_refusal(exc, main=self.is_main)
@@ -414,7 +362,7 @@ class ResumableRun:
             # The state at completion, published: a rerun elsewhere finds the run done, not
             # its last periodic snapshot to train on from.
             self.snapshot()
-        self._report_down()
+        report_down(self)
         try:
             self._finish_uploads()
         finally:
@@ -436,86 +384,13 @@ class ResumableRun:
         else:
             self._write_status("failed", error=f"{exc_type.__name__}: {exc}")
 
-    # -- identity of the run directory ------------------------------------------------------
-
-    def _attach_identity(self) -> None:
-        """Refuse a run directory that belongs to another config; adopt an older one (a
-        checkpoint but no identity record) whose saved config hashes to the same identity."""
-        saved = self.directory.identity_record()
-        if saved is not None:
-            if saved.get("config_identity") != self.identity:
-                self._refuse(saved.get("config") or {}, saved.get("config_identity"))
-            return
-        last = self.directory.checkpoints / "last.pt"
-        if last.exists():
-            state = read_state(last, extra_globals=self.safe_globals)
-            old = state.get("config") if isinstance(state, dict) else None
-            if not isinstance(old, dict) or config_identity(old, self.operational) != self.identity:
-                self._refuse(old if isinstance(old, dict) else {}, None)
-            self._event("adopted", step=int(state.get("position", {}).get("step", 0)))
-        if self.is_main:
-            self.directory.write_identity_record(
-                {
-                    "config": self.config,
-                    "config_identity": self.identity,
-                    "operational_keys": self.operational,
-                    "run": self.run_id,
-                    "seed": self.seed,
-                }
-            )
-
-    def _refuse(self, other: Mapping[str, Any], other_identity: str | None) -> None:
-        diffs = diff_configs(self.config, other, self.operational)
-        details = [d.describe() for d in diffs] or [
-            f"config_identity: expected {self.identity}, found {other_identity}"
-        ]
-        raise IncompatibleRestorePoint(
-            "refusing to attach: this run directory holds a run of another config "
-            f"({plural(len(details), 'difference')})",
-            url=str(self.run_dir),
-            mismatches=[{"field": f"config.{d.path}"} for d in diffs],
-            details=details,
-        )
-
     # -- status and events -------------------------------------------------------------------
 
     def _write_status(self, status: str, **extra: Any) -> None:
-        self._status = status
-        if not self.is_main:
-            return
-        with self._disk_full_tolerated("run_status.json"):
-            self.directory.write_status(
-                {
-                    "last_signal": self.flags.last_signal,
-                    "max_resubmit_attempts": self.max_resubmit_attempts,
-                    "resubmit_count": self._resubmits,
-                    "run": self.run_id,
-                    "status": status,
-                    "step": self.step,
-                    "updated": now(),
-                    **extra,
-                }
-            )
+        write_status(self, status, **extra)
 
     def _event(self, kind: str, **fields: Any) -> None:
-        if self.is_main:
-            with self._disk_full_tolerated("events.jsonl"):
-                self.directory.append_event(kind, **fields)
-
-    @contextlib.contextmanager
-    def _disk_full_tolerated(self, what: str) -> Iterator[None]:
-        """A full disk must not stop training (docs/reliability.md, "Full disks"): a status
-        or event line that cannot be written is left out, said once in the log."""
-        try:
-            yield
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            if not self._disk_full_said:
-                self._disk_full_said = True
-                log.warning(
-                    "restorepoint: %s: %s not written: %s", self.run_dir, what, exc.strerror
-                )
+        append_event(self, kind, **fields)
 
     @property
     def tracker_run_id(self) -> str | None:
@@ -563,132 +438,7 @@ class ResumableRun:
         Every checkpoint file is loaded weights-only: one that would run code is refused
         (UnsafeCheckpoint) before anything of it is built. Under ``restorepoint run`` a
         refusal ends the trainer with its exit code (3, or 1), which is not requeued."""
-        if not self.auto_resume and handed(self._rank_file()) is None:
-            # auto_resume governs finding the newest; an import handed over (restorepoint run
-            # --resume-from) is applied whatever it says.
-            return self.position
-        landing = None
-        try:
-            path, source, landing = self._newest_snapshot()
-            if path is None:
-                if self.is_main:
-                    log.info("no checkpoint of run %s: starting fresh", self.run_id)
-                return self.position
-            # A store import is loaded from the verified bytes it holds, not read back.
-            state = (
-                load_state(path, extra_globals=self.safe_globals)
-                if landing is None
-                else held_or_files(path, landing.held, landing.land, self.safe_globals)
-            )
-        except BaseException as exc:
-            self._failed_resume(exc, landing)
-            raise
-        try:
-            self._restore(path, source, state)
-        except BaseException:
-            self._failed_resume(None, landing)
-            raise
-        if landing is not None:
-            # The copy for a later resume here lands while training goes on (joined at exit).
-            self._landing = landing
-            landing.start()
-        return self.position
-
-    def _failed_resume(self, exc: BaseException | None, landing: Landing | None) -> None:
-        if landing is not None:
-            landing.discard()
-        if isinstance(exc, RestorePointError):
-            self._refused = exc
-            # Outside a supervisor the error reaches the user as a traceback: its mismatches,
-            # one a line, come with it (Python 3.11 prints an exception's notes).
-            for detail in getattr(exc, "details", ()):
-                if hasattr(exc, "add_note"):
-                    exc.add_note(f"  {printable(detail)}")
-
-    def _restore(self, path: Path, source: str, state: Any) -> None:
-        """Every tracked object, the RNGs and the position from a loaded snapshot."""
-        shown = display(path, self._rank_file())
-        if (
-            not isinstance(state, dict)
-            or state.get("format") != STATE_FORMAT
-            or state.get("identity") != self.identity
-        ):
-            raise IncompatibleRestorePoint(
-                f"refusing to resume from {shown}: it is not a snapshot of this run",
-                url=shown,
-            )
-        for name, obj in self.objects.items():
-            if name not in state["objects"]:
-                raise UsageError(f"the snapshot holds no state for {name!r}")
-            obj.load_state_dict(state["objects"][name])
-        set_rng(state["rng"])
-        pos = state["position"]
-        self.step, self.epoch, self.batch = pos["step"], pos["epoch"], pos["batch"]
-        self._start_epoch = self.epoch
-        self._snapshot_step = self.step
-        self.resumed_from = self.position
-        # The resubmit count travels with the snapshot: max_resubmit_attempts holds across
-        # machines (a fresh run directory elsewhere starts from the restore point's count).
-        carried = state.get("resubmit_count", 0)
-        if isinstance(carried, int) and carried > self._resubmits:
-            self._resubmits = carried
-            self._write_status("running")
-        self._event("resumed", step=self.step, epoch=self.epoch, batch=self.batch, source=source)
-        if self.is_main:
-            print(
-                f"restorepoint: resumed from checkpoint: global step {self.step}, start epoch "
-                f"{self.epoch}, resume batch index {self.batch}, data order: shuffle seeded "
-                f"with seed + epoch ({self.seed} + {self.epoch})",
-                file=sys.stderr,
-            )
-
-    def _newest_snapshot(self) -> tuple[Path | None, str, Landing | None]:
-        imported = handed(self._rank_file())
-        if imported is not None:
-            # A supervisor imported a restore point for us (restorepoint run --resume-from).
-            gate_handed(imported, self._view, self._rank_file())
-            return imported / self._rank_file(), "supervisor import", None
-        local = self.directory.checkpoints / self._rank_file()
-        local_step = self._local_step(local)
-        steps: list[Any] = [local_step]
-        if self._world > 1:
-            # Every rank resumes from the same step: a rank killed while it saved (or a node
-            # that lost its disk) leaves the run directories at other steps, and then only the
-            # store has a snapshot of every rank.
-            steps = [None] * self._world
-            torch.distributed.all_gather_object(steps, local_step, group=self._group)
-            if len(set(steps)) > 1:
-                log.warning(
-                    "the ranks' run directories hold steps %s: not resuming from them", steps
-                )
-                local_step = -1
-        found = store_snapshot(self, local_step)
-        if found is not None:
-            return found
-        if local_step < 0 and max(steps) >= 0:
-            raise IncompatibleRestorePoint(
-                f"refusing to resume: the ranks' run directories hold snapshots of steps {steps}, "
-                "and the store has no restore point to resume every rank from",
-                url=str(self.run_dir),
-            )
-        return (local, "run directory", None) if local_step >= 0 else (None, "", None)
-
-    def _local_step(self, local: Path) -> int:
-        """The step of this rank's snapshot in the run directory, or -1: none, or one whose
-        shared state is gone."""
-        if not local.exists():
-            return -1
-        if self._world == 1:
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                return int(json.loads((local.parent / POSITION_FILE).read_text())["step"])
-        # With a process group the rank's own file is small: its shared state lies apart.
-        state = read_state(local, extra_globals=self.safe_globals)
-        if not isinstance(state, dict):
-            return -1
-        ref = state.get("shared")
-        if isinstance(ref, dict) and not (local.parent / str(ref.get("file"))).is_file():
-            return -1
-        return int(state["position"]["step"])
+        return resume(self)
 
     # -- the loop ----------------------------------------------------------------------------
 

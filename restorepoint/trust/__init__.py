@@ -6,8 +6,10 @@ a key, a signature or a cipher is used: a reader of an unsigned, unencrypted res
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from .._lazy import load as _load
+from .._lazy import names as _names
 
 if TYPE_CHECKING:
     from .encryption import FEATURE, SCHEME, StreamCipher, open_file_key, recipients_for
@@ -77,13 +79,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # once: later lookups do not come back here
-    return value
+    return _load(name, _LAZY, globals())
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _names(globals())

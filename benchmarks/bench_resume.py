@@ -269,8 +269,21 @@ def print_table(results: list[dict[str, Any]]) -> None:
             print(f"{'load average (1 min)':30}" + loads)
 
 
+#: How each figure is drawn: its title, and the factor and unit of its axis.
+PLOTTED = {
+    "pause_s": ("pause per snapshot", 1.0, "s"),
+    "published_s": ("snapshot -> published", 1.0, "s"),
+    "bytes": ("bytes stored", 1 / (1 << 30), "GiB"),
+    "slowdown": ("step slowdown during the publish", 100.0, "%"),
+    "resume_s": ("empty machine -> first step", 1.0, "s"),
+    "rss_save": ("peak RSS, save", 1 / (1 << 30), "GiB"),
+    "rss_resume": ("peak RSS, resume", 1 / (1 << 30), "GiB"),
+}
+
+
 def plot(results: list[dict[str, Any]], target: Path) -> str:
-    """Each figure against the state's size, ours and each peer; or why not."""
+    """Each figure against the state's size, ours and each peer (a grid of 4 columns per
+    store); or why not."""
     try:
         import matplotlib
 
@@ -279,26 +292,34 @@ def plot(results: list[dict[str, Any]], target: Path) -> str:
     except ImportError:
         return "matplotlib is not installed: no plot (pip install matplotlib to get one)"
     kinds = sorted({k for r in results for k in r["summary"]})
-    fig, axes = plt.subplots(len(kinds), len(FIGURES), figsize=(4 * len(FIGURES), 3.5 * len(kinds)))
+    cols = 4
+    per_kind = -(-len(FIGURES) // cols)
+    fig, axes = plt.subplots(
+        per_kind * len(kinds), cols, figsize=(4 * cols, 3.2 * per_kind * len(kinds)),
+        squeeze=False,
+    )  # fmt: skip
     for i, kind in enumerate(kinds):
+        tools = sorted({t for r in results for t in r["summary"].get(kind, {}).get("median", {})})
         for j, name in enumerate(FIGURES):
-            ax = axes[i][j] if len(kinds) > 1 else axes[j]
-            tools = sorted(
-                {t for r in results for t in r["summary"].get(kind, {}).get("median", {})}
-            )
+            ax = axes[i * per_kind + j // cols][j % cols]
+            title, factor, unit = PLOTTED[name]
             for tool in tools:
                 xs, ys = [], []
                 for r in results:
                     v = r["summary"].get(kind, {}).get("median", {}).get(tool, {}).get(name)
                     if v is not None:
                         xs.append(r["state_bytes"] / (1 << 30))
-                        ys.append(v)
+                        ys.append(v * factor)
                 ax.plot(xs, ys, marker="o", label=tool)
-            ax.set_title(f"{name} ({kind})", fontsize=9)
-            ax.set_xlabel("state, GiB")
-    axes.flat[0].legend(fontsize=7)
+            ax.set_title(f"{title} ({kind} store)", fontsize=9)
+            ax.set_xlabel("state, GiB", fontsize=8)
+            ax.set_ylabel(unit, fontsize=8)
+            ax.grid(alpha=0.3)
+        for j in range(len(FIGURES), per_kind * cols):
+            axes[i * per_kind + j // cols][j % cols].axis("off")
+        axes[i * per_kind][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(target)
+    fig.savefig(target, dpi=80)
     return f"plot written to {target}"
 
 

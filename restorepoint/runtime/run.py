@@ -59,6 +59,7 @@ from ..ops.local_view import cache_root_from_env
 from ..ops.publish import HeadSpec, PackOptions
 from ..ops.store import KeepBest
 from ..trust import Trust, load_signing_key
+from .capture import Buffers, Copies
 from .contract import (
     EXIT_RESUMABLE,
     KEEP_BEST_ENV,
@@ -85,7 +86,6 @@ from .records import (
 from .restore import resume
 from .resume_from import RUNTIME_HINTS, Landing
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
-from .snapshot_file import Buffers
 from .state import STATE_FORMAT, rng_state, to_cpu
 from .stop import end_stop, finish_uploads, stop
 from .worker import DEFAULT_NICE, Snapshot, SnapshotWorker
@@ -531,22 +531,26 @@ class ResumableRun:
         """Copy the state to memory (the only pause), hand it to the background thread, and
         return the pause in seconds. With ``wait``, also wait for it to be saved and uploaded."""
         started = time.perf_counter()
+        # Every tensor's copy is made together, once the whole state is known to be storable:
+        # on a few threads, since training waits for all of it.
+        copies = Copies()
         state = {
             "config": self.config,
             "format": STATE_FORMAT,
             "identity": self.identity,
             "objects": {
-                name: to_cpu(obj.state_dict(), f"objects[{name!r}]", self._buffers)
+                name: to_cpu(obj.state_dict(), f"objects[{name!r}]", self._buffers, copies)
                 for name, obj in self.objects.items()
             },
             "operational_keys": self.operational,
             "position": self.position.to_dict(),
             "rank": self._rank,
             "resubmit_count": self._resubmits,
-            "rng": to_cpu(rng_state(), buffers=self._buffers),
+            "rng": to_cpu(rng_state(), buffers=self._buffers, copies=copies),
             "run": self.run_id,
             "world_size": self._world,
         }
+        copies.run()
         snap = Snapshot(state, self.position, self._metrics)
         self._metrics = {}
         if self._world > 1:

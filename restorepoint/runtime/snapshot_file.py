@@ -25,7 +25,6 @@ import json
 import os
 import re
 import tempfile
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -39,8 +38,10 @@ from ..format._json import CanonicalizationError, canonical_dumps, strict_loads
 from ..format.limits import MAX_SAFE_INTEGER
 
 __all__ = [
+    "DTYPES",
+    "MAX_INT_DIGITS",
+    "MAX_STATE_DEPTH",
     "SNAPSHOT_FORMAT",
-    "Buffers",
     "Held",
     "ImageReader",
     "SnapshotImage",
@@ -48,7 +49,7 @@ __all__ = [
     "is_snapshot_head",
     "read_snapshot_file",
     "read_snapshot_held",
-    "storable",
+    "refuse",
     "write_snapshot_file",
 ]
 
@@ -104,7 +105,7 @@ def _safetensors() -> Any:
 # -- what may be stored ------------------------------------------------------------------------
 
 
-def _refuse(where: str, value: Any) -> UsageError:
+def refuse(where: str, value: Any) -> UsageError:
     kind = type(value)
     name = (
         kind.__qualname__
@@ -116,120 +117,6 @@ def _refuse(where: str, value: Any) -> UsageError:
         "not store; make state_dict() return tensors and plain data (dict, list, tuple, str, "
         "int, float, bool, None) (docs/adapters.md, 'What a snapshot stores')"
     )
-
-
-class Buffers:
-    """The tensors of the newest snapshot that is done with (published and saved), kept to
-    copy the next snapshot into: a copy into pages already faulted in takes a fraction of a
-    copy into fresh ones (which the kernel must find, zero and map first; at 1 GiB, 0.2 s
-    against 1.3 to 2.1 s on the VM of docs/performance.md). The memory is the one snapshot
-    copy's, held between snapshots instead of given back and taken again: never more than one
-    snapshot's worth is kept."""
-
-    def __init__(self) -> None:
-        self._free: dict[tuple[torch.dtype, tuple[int, ...]], list[torch.Tensor]] = {}
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def take(self, like: torch.Tensor) -> torch.Tensor:
-        """A contiguous CPU tensor of ``like``'s dtype and shape holding a copy of it."""
-        key = (like.dtype, tuple(like.shape))
-        with self._lock:
-            free = self._free.get(key)
-            buffer = free.pop() if free else None
-        if buffer is None:
-            return like.to("cpu", memory_format=torch.contiguous_format, copy=True)
-        buffer.copy_(like)
-        return buffer
-
-    def give(self, state: Any) -> None:
-        """The tensors of a snapshot nothing reads any more, in the place of those kept."""
-        free: dict[tuple[torch.dtype, tuple[int, ...]], list[torch.Tensor]] = {}
-        for t in _tensors(state):
-            free.setdefault((t.dtype, tuple(t.shape)), []).append(t)
-        with self._lock:
-            if not self._closed:
-                self._free = free
-
-    def close(self) -> None:
-        """Give the memory back: the run is over (a snapshot still in hand later keeps its
-        own)."""
-        with self._lock:
-            self._free = {}
-            self._closed = True
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        out = [t for item in value.values() for t in _tensors(item)]
-        return out + _tensors(getattr(value, "_metadata", None))
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
-    return []
-
-
-def storable(  # noqa: PLR0911, PLR0912 - a case per kind of value
-    value: Any, where: str = "", depth: int = 0, buffers: Buffers | None = None
-) -> Any:
-    """``value`` with every tensor copied to contiguous CPU memory (what a snapshot pauses
-    for; into ``buffers`` where they hold a tensor of its dtype and shape), or UsageError
-    naming the key path and type of the first value a snapshot cannot store. Dict subclasses
-    come back as dicts (an OrderedDict keeps its ``_metadata``), tuple subclasses
-    (torch.Size) as tuples."""
-    if depth > MAX_STATE_DEPTH:
-        raise UsageError(
-            f"cannot snapshot: the state at {where} nests deeper than {MAX_STATE_DEPTH}"
-        )
-    if isinstance(value, torch.Tensor):
-        if value.layout != torch.strided or value.dtype not in DTYPES or value.is_quantized:
-            raise UsageError(
-                f"cannot snapshot: the tensor at {where or '(root)'} is {value.layout} "
-                f"{value.dtype}, which a snapshot does not store; store a dense tensor of a "
-                "plain dtype (docs/adapters.md, 'What a snapshot stores')"
-            )
-        t = value.detach().resolve_conj().resolve_neg()
-        if buffers is not None:
-            return buffers.take(t)
-        return t.to("cpu", memory_format=torch.contiguous_format, copy=True)
-    if value is None or isinstance(value, (bool, str)):
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise _refuse(where, value) from None
-        return value
-    if isinstance(value, int):
-        if len(str(abs(int(value)))) > MAX_INT_DIGITS:
-            raise UsageError(
-                f"cannot snapshot: the integer at {where} has over {MAX_INT_DIGITS} digits"
-            )
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, Mapping) and isinstance(value, dict):
-        out: dict[Any, Any] = {}
-        for key, item in value.items():
-            if isinstance(key, bool) or not isinstance(key, (str, int)):
-                raise UsageError(
-                    f"cannot snapshot: a key at {where or '(root)'} is a {type(key).__name__}; "
-                    "keys must be strings or integers"
-                )
-            out[key] = storable(item, f"{where}[{key!r}]", depth + 1, buffers)
-        meta = getattr(value, "_metadata", None)
-        if meta is not None:
-            ordered: Any = OrderedDict(out)
-            ordered._metadata = storable(meta, f"{where}._metadata", depth + 1, buffers)
-            return ordered
-        return out
-    if isinstance(value, list):
-        return [storable(item, f"{where}[{i}]", depth + 1, buffers) for i, item in enumerate(value)]
-    if isinstance(value, tuple) and (type(value) is tuple or isinstance(value, torch.Size)):
-        return tuple(
-            storable(item, f"{where}[{i}]", depth + 1, buffers) for i, item in enumerate(value)
-        )
-    raise _refuse(where, value)
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -258,7 +145,7 @@ def _encode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:  # noqa: PLR09
         return [_encode(item, tensors) for item in value]
     if isinstance(value, tuple):
         return {"tuple": [_encode(item, tensors) for item in value]}
-    raise _refuse("", value)  # storable() refused it already where the state was taken
+    raise refuse("", value)  # storable() refused it already where the state was taken
 
 
 class SnapshotImage:

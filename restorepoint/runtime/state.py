@@ -30,16 +30,15 @@ import torch
 
 from .._posix import fsync_dir
 from ..errors import IncompatibleRestorePoint, StorageError
+from .capture import Buffers, Copies, storable
 from .safe_load import safe_load
 from .snapshot_file import (
-    Buffers,
     Held,
     SnapshotImage,
     is_snapshot_file,
     is_snapshot_head,
     read_snapshot_file,
     read_snapshot_held,
-    storable,
 )
 
 __all__ = [
@@ -62,11 +61,15 @@ STATE_FORMAT = "restorepoint.torch/1"
 _SHARED_NAME = re.compile(r"shared-[0-9a-f]{16}\.pt")
 
 
-def to_cpu(value: Any, where: str = "", buffers: Buffers | None = None) -> Any:
+def to_cpu(
+    value: Any, where: str = "", buffers: Buffers | None = None, copies: Copies | None = None
+) -> Any:
     """A copy with every tensor copied to contiguous CPU memory: what a snapshot pauses for.
     A value a snapshot cannot store is refused here, when the snapshot is taken (UsageError
-    naming its key path and type), never pickled."""
-    return storable(value, where, buffers=buffers)
+    naming its key path and type), never pickled. With ``copies``, the tensors hold their
+    copies once ``copies.run()`` has run (the pause's copies, made together on a few
+    threads)."""
+    return storable(value, where, buffers=buffers, copies=copies)
 
 
 def rng_state() -> dict[str, Any]:

@@ -25,8 +25,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
 import restorepoint  # noqa: E402
+from restorepoint.runtime.capture import Buffers  # noqa: E402
 from restorepoint.runtime.contract import POSITION_FILE  # noqa: E402
-from restorepoint.runtime.snapshot_file import Buffers, SnapshotImage  # noqa: E402
+from restorepoint.runtime.snapshot_file import SnapshotImage  # noqa: E402
 from restorepoint.runtime.state import load_state, to_cpu  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 

@@ -8,7 +8,7 @@ import hashlib
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..errors import NotFound, RestorePointError, SourceError, StorageError
 from ..format import (
@@ -80,6 +80,16 @@ class Rest:
         self.length = REST if length is None else length
         self._key: tuple[str, str] | None = None
         self._left = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A publisher that holds one may be pickled (a Lightning callback under ddp_spawn):
+        # the lock is not, and a copy starts with a lock of its own.
+        with self._lock:
+            return {"length": self.length, "key": self._key, "left": self._left}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.length, self._key, self._left = state["length"], state["key"], state["left"]
         self._lock = threading.Lock()
 
     def start(self, where: str, run: str) -> None:

@@ -137,3 +137,14 @@ def test_a_frozen_backbone_uploads_at_most_12_percent_and_resumes_bit_for_bit(
     assert want.keys() == got.keys()
     for name in want:
         assert torch.equal(want[name], got[name]), name
+
+
+def test_the_callback_pickles_with_its_rest(tmp_path: Path) -> None:
+    # Lightning pickles the trainer's callbacks for ddp_spawn: the callback's rest (spec 28.4)
+    # goes with it, count and all, with a lock of its own.
+    import pickle
+
+    callback = PreemptionCallback(dirpath=tmp_path, config={"lr": 1}, store=f"{tmp_path}/s/")
+    callback._rest.start(f"{tmp_path}/s/", "r")
+    copy = pickle.loads(pickle.dumps(callback))
+    assert copy._rest.take(f"{tmp_path}/s/", "r") == callback._rest.length

@@ -292,6 +292,14 @@ def test_a_rest_is_taken_one_publish_at_a_time_for_its_own_store_and_run() -> No
     assert [rest.take("s3://b/store/", "r1") for _ in range(3)] == [2, 1, 0]
     rest.start("s3://b/store/", "r1")  # a new low reuse starts it again
     assert rest.take("s3://b/store/", "r1") == 2
+    # A publisher that holds one may be pickled or copied (a Lightning callback under
+    # ddp_spawn): the copy goes on with the count.
+    import copy
+    import pickle
+
+    for again in (pickle.loads(pickle.dumps(rest)), copy.deepcopy(rest)):
+        assert again.take("s3://b/store/", "r1") == 1
+        assert again.take("s3://b/store/", "r1") == 0
 
 
 class _Counted(io.BytesIO):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,13 +50,18 @@ def test_version_is_the_package_version() -> None:
 
 
 def test_every_lazy_package_lists_and_refuses_names_like_a_module() -> None:
-    # The root, ops and trust resolve their public names on first use (restorepoint._lazy):
-    # dir() shows every public name whether loaded or not, every table entry resolves to its
-    # own module's object, and an unknown name is the AttributeError any module raises.
+    # The root, ops, trust and the transformers adapter resolve their public names on first
+    # use (restorepoint._lazy): dir() shows every public name whether loaded or not, every
+    # table entry resolves to its own module's object, and an unknown name is the
+    # AttributeError any module raises.
+    import restorepoint.adapters.transformers
     import restorepoint.ops
     import restorepoint.trust
 
-    for package in (restorepoint, restorepoint.ops, restorepoint.trust):
+    packages: list[Any] = [restorepoint, restorepoint.ops, restorepoint.trust]
+    if importlib.util.find_spec("transformers") is not None:
+        packages.append(restorepoint.adapters.transformers)
+    for package in packages:
         assert set(package.__all__) <= set(dir(package)), package.__name__
         for name, module in package._LAZY.items():
             value = getattr(package, name)

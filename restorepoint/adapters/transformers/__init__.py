@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._lazy import load as _load
+from ..._lazy import names as _names
 from ._view import DATASET_KEY, OPERATIONAL_KEYS, TRANSFORMERS_HINTS, trainer_config
 from .adapter import TransformersAdapter
 
@@ -32,17 +34,15 @@ __all__ = [
 #: Loaded on first use: they import transformers (seconds), which the CLI's adapter does not
 #: need.
 _LAZY = {
-    "RestorePointCallback": ".callback",
-    "Stopped": ".callback",
-    "resume_checkpoint": ".resume",
+    "RestorePointCallback": "callback",
+    "Stopped": "callback",
+    "resume_checkpoint": "resume",
 }
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    return _load(name, _LAZY, globals())
 
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return _names(globals())

@@ -395,6 +395,7 @@ class AccelerateRun:
             keep_best=self.keep_best,
             group=self._group,
             files_out=index,
+            rest=self._rest,
         )
 
     # -- resuming --------------------------------------------------------------------------------

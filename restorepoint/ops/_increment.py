@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -73,38 +74,51 @@ class Rest:
     """The rest of one publisher: a run's restore points published one after another into
     one store (the runtime's publisher, an integration's callback). A one-shot ``pack`` has
     none, so its format never depends on what was published before by the same process.
-    The count belongs to the store and run of the publish that started it; a publish of
-    another store or run neither takes nor ends it. Thread-safe."""
+    Each count belongs to the store and run whose publish started it (a part's: the run's
+    prefix and the run with its rank, spec 28.7), so that a publisher of a rank's part and
+    of the shared part rests each on its own; a publish of another store or run neither
+    takes nor ends it. At most MAX_RESTING counts are kept, the oldest forgotten first.
+    Thread-safe."""
+
+    #: Counts kept at once: a publisher publishes one run, or one rank's part and the shared
+    #: part of it.
+    MAX_RESTING = 8
 
     def __init__(self, length: int | None = None) -> None:
         self.length = REST if length is None else length
-        self._key: tuple[str, str] | None = None
-        self._left = 0
+        self._left: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         # A publisher that holds one may be pickled (a Lightning callback under ddp_spawn):
         # the lock is not, and a copy starts with a lock of its own.
         with self._lock:
-            return {"length": self.length, "key": self._key, "left": self._left}
+            return {"length": self.length, "left": list(self._left.items())}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.length, self._key, self._left = state["length"], state["key"], state["left"]
+        self.length = state["length"]
+        self._left = OrderedDict((tuple(key), left) for key, left in state["left"])
         self._lock = threading.Lock()
 
     def start(self, where: str, run: str) -> None:
         """The run's last publish would have reused less than MIN_REUSE: rest for the next
         ``length`` publishes of ``run`` into ``where``."""
         with self._lock:
-            self._key, self._left = (where, run), self.length
+            self._left[(where, run)] = self.length
+            self._left.move_to_end((where, run))
+            while len(self._left) > self.MAX_RESTING:
+                self._left.popitem(last=False)
 
     def take(self, where: str, run: str) -> int:
         """How many publishes are left to rest, this one counted (0: none), and this one
         taken."""
+        key = (where, run)
         with self._lock:
-            if self._key != (where, run) or self._left <= 0:
-                return 0
-            left, self._left = self._left, self._left - 1
+            left = self._left.get(key, 0)
+            if left <= 1:
+                self._left.pop(key, None)
+            else:
+                self._left[key] = left - 1
             return left
 
 

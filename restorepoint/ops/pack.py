@@ -279,9 +279,9 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
         # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
         cuts = [cuts_for(f.location, f.size, head.chunk_size, f.opener) for f in files]
         planned = _worth_it(planned, files, head.chunk_size, cuts, resting=rest is not None)
-        if planned.plain and rest is not None and plain.run is not None:
+        if planned.plain and rest is not None:
             # Its state changes too much: the publisher rests for its next publishes (W4c).
-            rest.start(location.url, plain.run)
+            rest.start(*_rest_key(location, plain))
     if planned is not None and planned.plain:
         # A full one that names no chunks (the older format, W4c).
         head, cuts = plain, None
@@ -342,8 +342,8 @@ def _incremental(
 
     if head.parts is not None:
         return head, Planned(None, "a commit holds no payload: each of its parts is planned")
-    if rest is not None and head.part is None and head.run is not None:
-        left = rest.take(location.url, head.run)
+    if rest is not None and head.run is not None:
+        left = rest.take(*_rest_key(location, head))
         if left:
             return head, Planned(None, f"{_RESTING} ({left} more)", plain=True)
     head = replace(
@@ -356,6 +356,17 @@ def _incremental(
     if head.part is not None:
         return head, plan_part(location, head, codec)
     return head, plan_increment(location, head.run, head.chunk_size, codec)
+
+
+def _rest_key(location: Location, head: Manifest) -> tuple[str, str]:
+    """What a publisher's rest counts (spec 28.4): the store and the run; for a part at
+    ``location`` (28.7), the run's prefix and the run with the part's rank, the same at every
+    commit, so that each rank's parts rest on their own."""
+    assert head.run is not None
+    if head.part is None:
+        return location.url, head.run
+    rank = "shared" if head.part.rank is None else str(head.part.rank)
+    return location.up().up().url, f"{head.run} rank {rank}"
 
 
 def _worth_it(

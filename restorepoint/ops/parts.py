@@ -31,7 +31,7 @@ from ._delta import bases_for
 from ._multipart import PARTS_SUFFIX, check_part, part_location, parts_prefix
 from ._naming import entry_name
 from .pack import PackResult, pack_spec
-from .publish import PublishResult, publish
+from .publish import PublishResult, Rest, publish
 from .spec import HeadSpec, PackOptions, created_now
 from .store import KeepBest, _store
 from .verify import verify
@@ -112,6 +112,7 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
     include: Sequence[str] | None = None,
     verify_it: bool = False,
     files_out: dict[str, tuple[int, str]] | None = None,
+    rest: Rest | None = None,
 ) -> PartRef:
     """Pack ``source`` (or its files ``include``) as the part of ``rank`` (None: the part all
     ranks share) of the commit ``plan`` describes, create-only under the commit's parts
@@ -121,7 +122,8 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
     part (``options.incremental``: it references its rank's part of the run's newest commit,
     spec 28.7) is checked so, or without ``verify_it`` its bases are (bounded); when that
     fails, a full part is published in its place. ``files_out``
-    is filled with each packed file's size and sha256, as the part's index says them."""
+    is filled with each packed file's size and sha256, as the part's index says them.
+    ``rest``: the rank's publisher's rest, kept across its parts (spec 28.4, 28.7)."""
     if rank is not None and not 0 <= rank < plan.world_size:
         raise UsageError(f"rank {rank} is not below the world size {plan.world_size}")
     location = _store(store, options.storage_options)
@@ -135,6 +137,7 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
         into_store=False,
         create_only=True,
         include=include,
+        rest=rest,
     )
     try:
         _check_part(target, result, verify_it=verify_it and not options.encrypt_to)

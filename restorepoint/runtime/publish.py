@@ -403,6 +403,7 @@ class Publisher:
                 # With a prune after the commit, each rank reads its own part back, so that
                 # the prune need not read every rank's bytes on rank 0 (spec 25.5).
                 verify_it=self.prunes,
+                rest=self.rest,
             )
 
         return part(mine, self.rank), part(shared, None) if shared else None

@@ -28,6 +28,7 @@ from ..errors import RestorePointError, StorageError
 from ..format import PartRef
 from ..ops import Expectations
 from ..ops.parts import CommitPlan, publish_commit, publish_part
+from ..ops.publish import Rest
 from ..ops.resume import resume_import
 from ..ops.spec import HeadSpec, PackOptions
 from ..ops.store import KeepBest
@@ -85,6 +86,7 @@ def publish_ranks(  # noqa: PLR0913 - the directory, store, head, who holds what
     keep_best: KeepBest | None = None,
     group: Any = None,
     files_out: dict[str, tuple[int, str]] | None = None,
+    rest: Rest | None = None,
 ) -> str:
     """One multi-part restore point of a directory every rank wrote into (spec section 25),
     collective over ``group``: each rank publishes its files ``own`` as its part, rank 0 also
@@ -92,7 +94,8 @@ def publish_ranks(  # noqa: PLR0913 - the directory, store, head, who holds what
     every part is in, the commit. Returns the commit's URL on every rank; raises on every rank
     when any rank's part failed (then no commit was published). DCP's checkpoints and
     Accelerate's state directories go out this way. ``files_out`` is filled, on every rank,
-    with each file of every part, its size and sha256 as the parts' indexes say them."""
+    with each file of every part, its size and sha256 as the parts' indexes say them.
+    ``rest``: the rank's publisher's rest, kept across its publishes (spec 28.4)."""
     dist = torch.distributed
     rank, world = _world(group)
     alone = world == 1 and not dist.is_initialized()
@@ -121,6 +124,7 @@ def publish_ranks(  # noqa: PLR0913 - the directory, store, head, who holds what
             include=include,
             verify_it=check,
             files_out=files,
+            rest=rest,
         ).to_dict()
 
     try:

@@ -300,6 +300,14 @@ def test_a_rest_is_taken_one_publish_at_a_time_for_its_own_store_and_run() -> No
     for again in (pickle.loads(pickle.dumps(rest)), copy.deepcopy(rest)):
         assert again.take("s3://b/store/", "r1") == 1
         assert again.take("s3://b/store/", "r1") == 0
+    # Counts per store and run (a rank's part and the shared part rest on their own), at
+    # most MAX_RESTING of them, the oldest forgotten first.
+    many = Rest(2)
+    for n in range(Rest.MAX_RESTING + 1):
+        many.start("s3://b/store/", f"r{n}")
+    assert many.take("s3://b/store/", "r0") == 0
+    assert many.take("s3://b/store/", f"r{Rest.MAX_RESTING}") == 2
+    assert many.take("s3://b/store/", "r1") == 2
 
 
 class _Counted(io.BytesIO):

@@ -229,3 +229,55 @@ def _data_start(path: str) -> int:
         return read_prefix(reader).data_start
     finally:
         reader.close()
+
+
+def test_each_rank_s_parts_rest_on_their_own(tmp_path: Path) -> None:
+    # A rank whose part would reuse too little rests (spec 28.4, 28.7): that part and the
+    # rank's next ones name no chunks, while another rank's part, whose frozen backbone is
+    # reused, stays incremental; the same rest serves both, counted per rank.
+    from restorepoint.format.delta import DELTA_FEATURE
+    from restorepoint.ops.publish import Rest
+
+    store = f"{tmp_path}/store/"
+    src = tmp_path / "src"
+    rests = {0: Rest(2), 1: Rest(2)}  # one per rank's publisher, as each rank keeps its own
+    frozen = {1: os.urandom(4 * MIB)}
+    features: list[dict[int, tuple[str, ...]]] = []
+    for step in range(1, 6):
+        src.mkdir(exist_ok=True)
+        (src / "model.rank0.bin").write_bytes(os.urandom(5 * MIB))  # all of it changes
+        (src / "model.rank1.bin").write_bytes(frozen[1] + os.urandom(MIB))
+        (src / "position.json").write_text(json.dumps({"step": step}))
+        head = HeadSpec(position=step, run="r1")
+        plan = CommitPlan.new(2)
+        refs = [
+            publish_part(
+                src,
+                store,
+                head,
+                plan,
+                rank=rank,
+                options=OPTIONS,
+                include=[f"model.rank{rank}.bin", *(["position.json"] if rank == 0 else [])],
+                rest=rests[rank],
+            )
+            for rank in (0, 1)
+        ]
+        result = publish_commit(store, head, plan, refs, OPTIONS)
+        features.append(
+            {
+                rank: read_manifest(_part_url(result.url, ref)).required_features
+                for rank, ref in zip((0, 1), refs, strict=True)
+            }
+        )
+        verify(result.url)
+    # Rank 0: its first part names its chunks (nothing to reference yet), the second would
+    # reuse nothing and rests with the next two, the fifth names its chunks again.
+    assert [DELTA_FEATURE in f[0] for f in features] == [True, False, False, False, True]
+    # Rank 1 references its backbone at every commit after the first.
+    assert all(DELTA_FEATURE in f[1] for f in features)
+    dest = tmp_path / "imported"
+    import_restore_point(result.url, dest)
+    for name in ("model.rank0.bin", "model.rank1.bin", "position.json"):
+        want = hashlib.sha256((src / name).read_bytes()).hexdigest()
+        assert hashlib.sha256((dest / name).read_bytes()).hexdigest() == want, name

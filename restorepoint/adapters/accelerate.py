@@ -69,6 +69,7 @@ from ..runtime.contract import (
     RESUME_URL_ENV,
     incremental_from_env,
     leave_stop_marker,
+    ready_document,
     report_ready,
 )
 from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
@@ -478,13 +479,9 @@ class AccelerateRun:
         """Under ``restorepoint run``: the handlers are installed, so the supervisor may signal
         this process (a stop: SIGTERM; a snapshot notice: SIGUSR1), and it waits for the run's
         new restore point (docs/preempt.md, "The ready-file protocol")."""
-        doc = {
-            "pid": os.getpid(),
-            "rank": self.rank,
-            "run": self.run,
-            "run_dir": str(self.directory.resolve()),
-            "snapshot_signal": self.flags.snapshot_signal,
-        }
+        doc = ready_document(
+            self.run, self.directory, rank=self.rank, snapshot_signal=self.flags.snapshot_signal
+        )
         with contextlib.suppress(OSError):
             self._ready = report_ready(doc)
 

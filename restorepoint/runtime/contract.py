@@ -298,6 +298,20 @@ def report_refusal(exc: RestorePointError, *, main: bool = True) -> None:
             atomic_write(Path(ready) / REFUSED_FILE, json.dumps(doc).encode() + b"\n")
 
 
+def ready_document(
+    run: str | None, run_dir: Path, *, rank: int | None = None, snapshot_signal: int | None = None
+) -> dict[str, Any]:
+    """What a trainer says of itself when its handlers are up (``report_ready``, the run
+    directory's trainer.json): its pid, run and run directory, and where known its rank and
+    the signal that asks it for a snapshot (``read_ready`` reads them back)."""
+    doc: dict[str, Any] = {"pid": os.getpid(), "run": run, "run_dir": str(run_dir.resolve())}
+    if rank is not None:
+        doc["rank"] = rank
+    if snapshot_signal is not None:
+        doc["snapshot_signal"] = snapshot_signal
+    return doc
+
+
 def report_ready(doc: Mapping[str, Any]) -> Path | None:
     """Write ``$RESTOREPOINT_READY_DIR/PID.json`` when a supervisor gave one; its path."""
     ready = os.environ.get(READY_ENV)

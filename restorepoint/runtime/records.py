@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import sys
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ import torch
 from .._text import plural, printable
 from ..errors import IncompatibleRestorePoint
 from ..format import config_identity, diff_configs
-from .contract import now, report_ready
+from .contract import now, ready_document, report_ready
 from .state import read_state
 
 if TYPE_CHECKING:
@@ -65,13 +64,9 @@ def report_up(run: ResumableRun) -> None:
     """Handlers are installed: say so, to ``restorepoint snapshot`` (trainer.json in the run
     directory) and to a supervisor ($RESTOREPOINT_READY_DIR/PID.json). A signal sent before
     this would have found the default action, which for SIGUSR1 is to die."""
-    doc = {
-        "pid": os.getpid(),
-        "rank": run._rank,
-        "run": run.run_id,
-        "run_dir": str(run.run_dir.resolve()),
-        "snapshot_signal": run.flags.snapshot_signal,
-    }
+    doc = ready_document(
+        run.run_id, run.run_dir, rank=run._rank, snapshot_signal=run.flags.snapshot_signal
+    )
     if run.is_main:
         run._reports.append(run.directory.write_trainer_report(doc))
     with contextlib.suppress(OSError):

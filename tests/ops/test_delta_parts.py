@@ -42,10 +42,17 @@ def _sources(root: Path, frozen: dict[int, bytes], step: int) -> Path:
 
 
 def _commit(
-    src: Path, store: str, step: int, world: int, *, run: str = "r1", **kw: Any
+    src: Path,
+    store: str,
+    step: int,
+    world: int,
+    *,
+    run: str = "r1",
+    rests: dict[int, Any] | None = None,
+    **kw: Any,
 ) -> tuple[PublishResult, list[PartRef]]:
-    """A commit of ``world`` ranks (each rank's part published in turn, as each rank would),
-    rank 0's part holding the position."""
+    """A commit of ``world`` ranks (each rank's part published in turn, as each rank would,
+    with its own publisher's rest from ``rests``), rank 0's part holding the position."""
     head = HeadSpec(position=step, run=run)
     plan = CommitPlan.new(world)
     refs = [
@@ -57,6 +64,7 @@ def _commit(
             rank=rank,
             options=OPTIONS,
             include=[f"model.rank{rank}.bin", *(["position.json"] if rank == 0 else [])],
+            rest=(rests or {}).get(rank),
         )
         for rank in range(world)
     ]
@@ -248,22 +256,7 @@ def test_each_rank_s_parts_rest_on_their_own(tmp_path: Path) -> None:
         (src / "model.rank0.bin").write_bytes(os.urandom(5 * MIB))  # all of it changes
         (src / "model.rank1.bin").write_bytes(frozen[1] + os.urandom(MIB))
         (src / "position.json").write_text(json.dumps({"step": step}))
-        head = HeadSpec(position=step, run="r1")
-        plan = CommitPlan.new(2)
-        refs = [
-            publish_part(
-                src,
-                store,
-                head,
-                plan,
-                rank=rank,
-                options=OPTIONS,
-                include=[f"model.rank{rank}.bin", *(["position.json"] if rank == 0 else [])],
-                rest=rests[rank],
-            )
-            for rank in (0, 1)
-        ]
-        result = publish_commit(store, head, plan, refs, OPTIONS)
+        result, refs = _commit(src, store, step, 2, rests=rests)
         features.append(
             {
                 rank: read_manifest(_part_url(result.url, ref)).required_features

@@ -112,9 +112,15 @@ class Copies:
             return
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(self.threads, thread_name_prefix="rp-copy") as pool:
-            for _ in pool.map(lambda p: p[0].copy_(p[1]), pieces):
-                pass
+        try:
+            with ThreadPoolExecutor(self.threads, thread_name_prefix="rp-copy") as pool:
+                for _ in pool.map(lambda p: p[0].copy_(p[1]), pieces):
+                    pass
+        except RuntimeError:
+            # No new thread now (a snapshot taken while the interpreter shuts down): every
+            # copy on this thread, the same bytes.
+            for into, source in pieces:
+                into.copy_(source)
 
 
 def _pieces(into: torch.Tensor, source: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -108,3 +108,22 @@ def test_a_large_state_is_split_into_pieces_for_the_threads() -> None:
     for a, b in pieces:
         a.copy_(b)
     assert torch.equal(into, source)
+
+
+def test_without_threads_the_copies_are_made_on_the_calling_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # While the interpreter shuts down no thread can start: the copies are made one by one.
+    import concurrent.futures
+
+    class Refused(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Refused)
+    monkeypatch.setattr(capture, "COPY_PIECE", 256 << 10)
+    state = _state()
+    copies = Copies(2)
+    got = to_cpu(state, "state", copies=copies)
+    copies.run()
+    _same(to_cpu(state, "state"), got)

@@ -31,21 +31,14 @@ class Buffers:
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self, like: torch.Tensor, copies: Copies | None = None) -> torch.Tensor:
-        """A contiguous CPU tensor of ``like``'s dtype and shape holding a copy of it (with
-        ``copies``: to hold it once ``copies.run()`` has run)."""
+    def take(self, like: torch.Tensor, copies: Copies) -> torch.Tensor:
+        """A contiguous CPU tensor of ``like``'s dtype and shape that holds a copy of it once
+        ``copies.run()`` has run: a buffer given back, or new memory."""
         key = (like.dtype, tuple(like.shape))
         with self._lock:
             free = self._free.get(key)
             buffer = free.pop() if free else None
-        if buffer is None:
-            if copies is not None:
-                return copies.add(like)
-            return like.to("cpu", memory_format=torch.contiguous_format, copy=True)
-        if copies is not None:
-            return copies.add(like, buffer)
-        buffer.copy_(like)
-        return buffer
+        return copies.add(like, buffer)
 
     def give(self, state: Any) -> None:
         """The tensors of a snapshot nothing reads any more, in the place of those kept."""
@@ -87,7 +80,6 @@ class Copies:
         )
         self._cpu: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._other: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._bytes = 0
 
     def add(self, source: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
         """The contiguous CPU tensor that will hold ``source`` (``into``, or a new one)."""
@@ -95,7 +87,6 @@ class Copies:
             into = torch.empty(tuple(source.shape), dtype=source.dtype, device="cpu")
         if source.device.type == "cpu":
             self._cpu.append((into, source))
-            self._bytes += into.numel() * into.element_size()
         else:
             self._other.append((into, source))
         return into
@@ -104,9 +95,10 @@ class Copies:
         """Make every copy; the tensors ``add`` returned then hold their sources."""
         for into, source in self._other:
             into.copy_(source)
+        total = sum(into.numel() * into.element_size() for into, _ in self._cpu)
         pieces = [p for into, source in self._cpu for p in _pieces(into, source)]
         self._cpu, self._other = [], []
-        if self.threads == 1 or self._bytes < 2 * COPY_PIECE:
+        if self.threads == 1 or total < 2 * COPY_PIECE:
             for into, source in pieces:
                 into.copy_(source)
             return
@@ -152,14 +144,15 @@ def storable(  # noqa: PLR0911, PLR0912 - a case per kind of value
     where: str = "",
     depth: int = 0,
     buffers: Buffers | None = None,
-    copies: Copies | None = None,
+    *,
+    copies: Copies,
 ) -> Any:
     """``value`` with every tensor copied to contiguous CPU memory (what a snapshot pauses
     for; into ``buffers`` where they hold a tensor of its dtype and shape), or UsageError
     naming the key path and type of the first value a snapshot cannot store. Dict subclasses
     come back as dicts (an OrderedDict keeps its ``_metadata``), tuple subclasses
-    (torch.Size) as tuples. With ``copies`` the tensors are copied when ``copies.run()``
-    runs, all together (nothing is copied for a state that is refused)."""
+    (torch.Size) as tuples. The tensors hold their copies once ``copies.run()`` has run, all
+    made together (nothing is copied for a state that is refused)."""
     if depth > MAX_STATE_DEPTH:
         raise UsageError(
             f"cannot snapshot: the state at {where} nests deeper than {MAX_STATE_DEPTH}"
@@ -172,11 +165,7 @@ def storable(  # noqa: PLR0911, PLR0912 - a case per kind of value
                 "plain dtype (docs/adapters.md, 'What a snapshot stores')"
             )
         t = value.detach().resolve_conj().resolve_neg()
-        if buffers is not None:
-            return buffers.take(t, copies)
-        if copies is not None:
-            return copies.add(t)
-        return t.to("cpu", memory_format=torch.contiguous_format, copy=True)
+        return copies.add(t) if buffers is None else buffers.take(t, copies)
     if value is None or isinstance(value, (bool, str)):
         if isinstance(value, str):
             try:
@@ -200,21 +189,23 @@ def storable(  # noqa: PLR0911, PLR0912 - a case per kind of value
                     f"cannot snapshot: a key at {where or '(root)'} is a {type(key).__name__}; "
                     "keys must be strings or integers"
                 )
-            out[key] = storable(item, f"{where}[{key!r}]", depth + 1, buffers, copies)
+            out[key] = storable(item, f"{where}[{key!r}]", depth + 1, buffers, copies=copies)
         meta = getattr(value, "_metadata", None)
         if meta is not None:
             ordered: Any = OrderedDict(out)
-            ordered._metadata = storable(meta, f"{where}._metadata", depth + 1, buffers, copies)
+            ordered._metadata = storable(
+                meta, f"{where}._metadata", depth + 1, buffers, copies=copies
+            )
             return ordered
         return out
     if isinstance(value, list):
         return [
-            storable(item, f"{where}[{i}]", depth + 1, buffers, copies)
+            storable(item, f"{where}[{i}]", depth + 1, buffers, copies=copies)
             for i, item in enumerate(value)
         ]
     if isinstance(value, tuple) and (type(value) is tuple or isinstance(value, torch.Size)):
         return tuple(
-            storable(item, f"{where}[{i}]", depth + 1, buffers, copies)
+            storable(item, f"{where}[{i}]", depth + 1, buffers, copies=copies)
             for i, item in enumerate(value)
         )
     raise refuse(where, value)

@@ -67,9 +67,14 @@ def to_cpu(
     """A copy with every tensor copied to contiguous CPU memory: what a snapshot pauses for.
     A value a snapshot cannot store is refused here, when the snapshot is taken (UsageError
     naming its key path and type), never pickled. With ``copies``, the tensors hold their
-    copies once ``copies.run()`` has run (the pause's copies, made together on a few
-    threads)."""
-    return storable(value, where, buffers=buffers, copies=copies)
+    copies once ``copies.run()`` has run (the pause's copies of several values, made
+    together on a few threads); without, they are made before this returns."""
+    if copies is not None:
+        return storable(value, where, buffers=buffers, copies=copies)
+    mine = Copies()
+    out = storable(value, where, buffers=buffers, copies=mine)
+    mine.run()
+    return out
 
 
 def rng_state() -> dict[str, Any]:

@@ -25,7 +25,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
 import restorepoint  # noqa: E402
-from restorepoint.runtime.capture import Buffers  # noqa: E402
+from restorepoint.runtime.capture import Buffers, Copies  # noqa: E402
 from restorepoint.runtime.contract import POSITION_FILE  # noqa: E402
 from restorepoint.runtime.snapshot_file import SnapshotImage  # noqa: E402
 from restorepoint.runtime.state import load_state, to_cpu  # noqa: E402
@@ -205,17 +205,24 @@ def test_each_snapshot_is_copied_into_the_memory_of_the_last_one_done(tmp_path: 
     # A buffer given back is what the next copy of its dtype and shape goes into; one taken
     # is not handed out twice.
     buffers = Buffers()
-    first = buffers.take(torch.arange(10.0))
+
+    def take(like: Any) -> Any:
+        copies = Copies(1)
+        out = buffers.take(like, copies)
+        copies.run()
+        return out
+
+    first = take(torch.arange(10.0))
     buffers.give({"w": [first], "n": 1})
-    again = buffers.take(torch.arange(10.0) * 2)
+    again = take(torch.arange(10.0) * 2)
     assert again.data_ptr() == first.data_ptr()
     assert torch.equal(again, torch.arange(10.0) * 2)
-    other = buffers.take(torch.arange(10.0) * 3)
+    other = take(torch.arange(10.0) * 3)
     assert other.data_ptr() != again.data_ptr()
-    assert buffers.take(torch.ones(3, dtype=torch.int64)).dtype == torch.int64
+    assert take(torch.ones(3, dtype=torch.int64)).dtype == torch.int64
     buffers.close()
     buffers.give({"w": other})
-    assert buffers.take(torch.arange(10.0)).data_ptr() != other.data_ptr()
+    assert take(torch.arange(10.0)).data_ptr() != other.data_ptr()
 
     # In a run: snapshots taken while the one before is still being published, the weights
     # changed between them; each restore point holds the weights of its own snapshot.

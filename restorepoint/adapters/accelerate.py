@@ -22,10 +22,12 @@ stop handler).
   record there, gated, and its files matching the record), unless the store holds a newer
   restore point of the run, which is imported through the gated import (each process the
   shared part and its own). Every pickle Accelerate loads with torch.load (``*.bin``,
-  ``*.pkl``, ``*.pt``, ``*.pth``: optimizer, scheduler, RNG states, custom checkpoints, which
-  Accelerate loads with ``weights_only=False``) passes the allowlist scan (``safe_load``)
-  before ``accelerator.load_state``. A refusal is one line and exit 3 (1 for an unsafe
-  pickle), never a silent fresh start.
+  ``*.pkl``, ``*.pt``, ``*.pth``: optimizer, scheduler, RNG states, custom checkpoints) passes
+  the allowlist scan and a weights-only load (``check_loadable``) before
+  ``accelerator.load_state``, and ``load_state`` itself runs with every torch.load forced to
+  weights-only (``weights_only_loads``): Accelerate loads registered objects' custom
+  checkpoints with ``weights_only=False``, and no load here may run code. A refusal is one
+  line and exit 3 (1 for an unsafe pickle), never a silent fresh start.
 - **Inside ``with``**: publishes run on the runtime's snapshot worker while training goes on.
 - **Stop**: the runtime's signal flags (SIGTERM, SIGINT, ``$SUBMITIT_PREEMPT_SIGNAL`` or
   SIGUSR2; SIGUSR1 a snapshot request); ``check()`` (or ``should_stop()``) agrees across
@@ -72,6 +74,7 @@ from ..runtime.contract import (
     ready_document,
     report_ready,
 )
+from ..runtime.safe_load import weights_only_loads
 from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
 from ..runtime.stop import stop_message
 from ..runtime.worker import DEFAULT_NICE, SnapshotWorker
@@ -428,7 +431,8 @@ class AccelerateRun:
             if not self.exit_on_refusal:
                 raise
             raise refused(self, exc) from None
-        self.accelerator.load_state(str(path))
+        with weights_only_loads(self.safe_globals):
+            self.accelerator.load_state(str(path))
         if self.is_main:
             source = str(path) if kind == "local" else f"{self._url}, imported into {path}"
             if kind == "handed":

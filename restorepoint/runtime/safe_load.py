@@ -47,6 +47,7 @@ __all__ = [
     "runtime_globals",
     "safe_load",
     "scan",
+    "weights_only_loads",
 ]
 
 #: What the allowlist admits beyond tensors and plain data, by name (for the docs).
@@ -169,6 +170,38 @@ def _allowed(extra: Sequence[Callable[..., Any]]) -> Iterator[None]:
     torch = _torch()
     with torch.serialization.safe_globals([*runtime_globals(), *extra]):
         yield
+
+
+#: torch's switches that make every torch.load weights-only, or not, whatever its caller asks.
+_FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+_FORCE_NOT = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
+@contextmanager
+def weights_only_loads(extra_globals: Sequence[Callable[..., Any]] = ()) -> Iterator[None]:
+    """Every torch.load in the block loads with torch's weights-only unpickler, whatever its
+    caller asks (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``; a ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` the
+    user set is lifted meanwhile), with ``extra_globals`` admitted beside what the library
+    admits itself: for a library that loads a restore point's pickles its own way after
+    ``check_loadable`` passed them (Accelerate loads registered objects with
+    ``weights_only=False``), so that no pickle runs code even if the scan and the full
+    unpickler read a file differently. numpy's stand-ins are not admitted here: they make
+    objects only ``safe_load`` turns back into arrays (Accelerate admits numpy's own, for its
+    RNG states). The switch is the process's environment: a torch.load on another thread
+    meanwhile is weights-only too."""
+    torch = _torch()
+    saved = {name: os.environ.get(name) for name in (_FORCE, _FORCE_NOT)}
+    os.environ[_FORCE] = "1"
+    os.environ.pop(_FORCE_NOT, None)
+    try:
+        with torch.serialization.safe_globals(list(extra_globals)):
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _name(g: Any) -> str:

@@ -152,6 +152,54 @@ def test_publish_and_resume_from_the_store_bit_for_bit(
     assert f"resumed from {tmp_path / 'b'}: step 3" in capsys.readouterr().err
 
 
+class Counter:
+    """An object registered for checkpointing: Accelerate saves its state dict as
+    ``custom_checkpoint_0.pkl`` and loads it with ``weights_only=False``."""
+
+    def __init__(self, seen: int = 0) -> None:
+        self.seen, self.scale = seen, torch.full((3,), float(seen))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen, "scale": self.scale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen, self.scale = state["seen"], state["scale"]
+
+
+def test_every_load_of_load_state_is_weights_only_and_a_custom_checkpoint_round_trips(
+    tmp_path: Path, fresh: Any, store: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Accelerate loads a registered object's custom checkpoint with weights_only=False: the
+    # resume runs load_state with every torch.load forced to weights-only, and the object's
+    # state (a tensor and an int) still comes back.
+    accelerator, model, optimizer, scheduler = fresh()
+    counter = Counter(7)
+    accelerator.register_for_checkpointing(counter)
+    train(accelerator, model, optimizer, scheduler, 2)
+    publish_state(accelerator, tmp_path / "a", step=2, **store)
+    assert (tmp_path / "a" / "custom_checkpoint_0.pkl").is_file()
+
+    accelerator, *_ = fresh(seed=1)
+    again = Counter()
+    accelerator.register_for_checkpointing(again)
+    forced: list[tuple[str, Any]] = []
+    real_load = torch.load
+
+    def spy(f: Any, *args: Any, **kwargs: Any) -> Any:
+        forced.append((os.path.basename(str(f)), os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")))
+        return real_load(f, *args, **kwargs)
+
+    monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", raising=False)
+    monkeypatch.setattr(torch, "load", spy)
+    assert resume_state(accelerator, tmp_path / "b", **store) == Position(2, 0)
+    assert again.seen == 7 and torch.equal(again.scale, torch.full((3,), 7.0))
+    loaded_by_accelerate = [name for name, flag in forced if flag == "1"]
+    assert "custom_checkpoint_0.pkl" in loaded_by_accelerate
+    assert "optimizer.bin" in loaded_by_accelerate
+    # Outside load_state no torch.load was forced, and the switch is gone afterwards.
+    assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+
+
 def test_a_changed_config_is_refused_naming_the_field(
     tmp_path: Path, fresh: Any, store: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

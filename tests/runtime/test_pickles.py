@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pickle
 import random
 import resource
 import subprocess
@@ -44,6 +46,7 @@ from restorepoint.runtime.safe_load import (
     MAX_PICKLE_ALLOCATION,
     check_loadable,
     safe_load,
+    weights_only_loads,
 )
 from restorepoint.runtime.state import STATE_FORMAT, save_state
 from restorepoint.torch import load_snapshot
@@ -68,6 +71,35 @@ def test_safe_load_refuses_a_code_running_pickle_and_runs_nothing(tmp_path: Path
     with pytest.raises(UnsafeCheckpoint):
         check_loadable(path)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("user_said", [None, "1"])
+def test_inside_weights_only_loads_no_torch_load_runs_code_whatever_it_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_said: str | None
+) -> None:
+    """For a library that loads pickles its own way (Accelerate's ``weights_only=False``):
+    inside the block every torch.load is weights-only, tensors and plain data still load, and
+    the environment is as it was afterwards, a user's TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD
+    included."""
+    monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", raising=False)
+    if user_said is None:
+        monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", user_said)
+    before = dict(os.environ)
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.pt"
+    torch.save({"state": RunsCode(marker)}, evil)
+    fine = tmp_path / "fine.pt"
+    torch.save({"w": torch.arange(4.0), "step": [3, "ok"]}, fine)
+    with weights_only_loads():
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(evil, weights_only=False)
+        loaded = torch.load(fine, weights_only=False)
+    assert not marker.exists()
+    assert torch.equal(loaded["w"], torch.arange(4.0))
+    assert loaded["step"] == [3, "ok"]
+    assert dict(os.environ) == before
 
 
 def test_safe_load_takes_what_the_runtime_saves(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ at all, so they are stored as they are (docs/performance.md has the figures)."""
 from __future__ import annotations
 
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -170,7 +171,7 @@ class PlanesCodec:
     def encode(self, plain: bytes) -> bytes:
         return b"".join(encode_planes_parts(plain, self.level))
 
-    def encode_parts(self, plain: bytes) -> list[bytes]:
+    def encode_parts(self, plain: bytes) -> list[bytes | memoryview]:
         """The stored bytes as pieces to write one after the other: a writer that does not
         seal them spares joining them (a copy of every chunk, and for a raw chunk the only
         one)."""
@@ -183,11 +184,24 @@ class PlanesCodec:
         return plain_length + PLANES_OVERHEAD
 
 
-def split_planes(data: bytes, width: int) -> list[bytes]:
+def split_planes(data: bytes, width: int) -> list[bytes | memoryview]:
     """Byte plane k of ``data``: bytes k, k + W, k + 2W, ... of its first (len // W) * W bytes.
-    Slicing bytes runs at 3.2 GB/s per core here (numpy 3.8, with an import of 45 ms)."""
-    end = len(data) // width * width
-    return [data[k:end:width] for k in range(width)]
+
+    Slicing bytes holds the GIL; numpy's strided copies (the same 2.6 GB/s per core here)
+    release it, so a training thread or a second encoding thread runs beside them. numpy is
+    used where a process has already imported it (a PyTorch run has) and never imported for
+    this: in the CLI's pack, its import (45 ms idle, 0.2 s on loaded cores) cost more than the
+    GIL did (docs/performance.md)."""
+    count = len(data) // width
+    numpy = sys.modules.get("numpy") if count >= _NUMPY_MIN else None
+    if numpy is None:
+        end = count * width
+        return [data[k:end:width] for k in range(width)]
+    grid = numpy.frombuffer(data, numpy.uint8, count * width).reshape(count, width)
+    planes = numpy.empty((width, count), numpy.uint8)
+    for start in range(0, count, _BLOCK_ROWS):
+        planes[:, start : start + _BLOCK_ROWS] = grid[start : start + _BLOCK_ROWS].T
+    return [memoryview(planes[k]).toreadonly() for k in range(width)]
 
 
 def merge_planes(planes: list[bytes | memoryview], tail: bytes | memoryview) -> bytes:
@@ -221,7 +235,7 @@ def encode_planes(plain: bytes, level: int) -> bytes:
     return b"".join(encode_planes_parts(plain, level))
 
 
-def encode_planes_parts(plain: bytes, level: int) -> list[bytes]:
+def encode_planes_parts(plain: bytes, level: int) -> list[bytes | memoryview]:
     """The stored bytes of one chunk, in pieces: the probe tries zstd at ``level`` and byte
     planes of widths 2 and 4 on a sample, and the chunk is stored as the smallest, or as is
     when nothing saves 1/32."""
@@ -261,7 +275,7 @@ _RAW = bytes([MODE_RAW])
 _ZSTD = bytes([MODE_ZSTD])
 
 
-def encode_raw_parts(plain: bytes) -> list[bytes]:
+def encode_raw_parts(plain: bytes) -> list[bytes | memoryview]:
     """The stored bytes of one chunk in mode 0 (raw), without a probe: what the adaptive
     chooser (format/adaptive.py) picks when compressing would slow the publish."""
     return [_RAW, plain]
@@ -271,14 +285,11 @@ def _encode_planes(plain: bytes, width: int, candidates: int) -> bytes:
     return b"".join(_planes_parts(plain, width, candidates))
 
 
-def _planes_parts(plain: bytes, width: int, candidates: int) -> list[bytes]:
+def _planes_parts(plain: bytes, width: int, candidates: int) -> list[bytes | memoryview]:
     """Byte planes of ``width``; the planes in ``candidates`` compressed where that saves a
     byte (the spec requires it), the others stored as they are."""
-    # Slices of bytes, holding the GIL (numpy's copies would release it): on two loaded cores,
-    # numpy's import and a copy of every plane it stores raw cost pack more CPU than the
-    # second encoding thread won (docs/performance.md, "The CLI at 512 MiB").
     planes = split_planes(plain, width)
-    parts: list[bytes] = [b""]
+    parts: list[bytes | memoryview] = [b""]
     mask = 0
     for k, plane in enumerate(planes):
         if candidates >> k & 1:

@@ -51,7 +51,7 @@ MAX_CHUNKS_IN_FLIGHT = 64
 class Sink(Protocol):
     """Where the writer's bytes go, in order. Publishing (atomicity) is the caller's concern."""
 
-    def write(self, data: bytes, /) -> object: ...
+    def write(self, data: bytes | memoryview, /) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class _Encoded:
     """A chunk as the pool made it: its stored pieces, or (incremental) where its frame
     already lies; its sha256 when the object names its chunks."""
 
-    parts: list[bytes]
+    parts: list[bytes | memoryview]
     sha256: str | None = None
     reuse: tuple[int, int, int] | None = None
 
@@ -263,7 +263,7 @@ class Writer:
 
     def _encode(
         self, pending: _Pending, position: int, index: int, last: bool, chunk: bytes
-    ) -> list[bytes]:
+    ) -> list[bytes | memoryview]:
         if self.chooser is not None:
             pieces = self._choose(chunk)
             if self.cipher is None:
@@ -281,7 +281,7 @@ class Writer:
             )
         ]
 
-    def _choose(self, chunk: bytes) -> list[bytes]:
+    def _choose(self, chunk: bytes) -> list[bytes | memoryview]:
         """The chunk in the mode the chooser picks, its encoding measured when probed."""
         assert self.chooser is not None
         assert isinstance(self.codec, PlanesCodec)
@@ -366,7 +366,7 @@ class Writer:
             tuple(Ref(r[0], r[1], number[r[2]], r[3], r[4]) for r in pending.refs),
         )
 
-    def _emit(self, data: bytes) -> None:
+    def _emit(self, data: bytes | memoryview) -> None:
         if self._hasher is not None:
             assert self._object_hash is not None
             self._hashing.append(self._hasher.submit(self._object_hash.update, data))

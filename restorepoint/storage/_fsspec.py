@@ -169,7 +169,7 @@ class _DeferredPublisher:
         if self._error is not None:
             raise self._error
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self._raise()
         if self._thread is None:
             self._thread = threading.Thread(target=self._upload, name="rp-upload", daemon=True)
@@ -233,7 +233,7 @@ class _StagedPublisher:
                 fs.makedirs(parent, exist_ok=True)
             self.file = fs.open(self.temp, "wb")
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         with translating(self.url):
             self.file.write(data)
 

@@ -79,7 +79,7 @@ class _LocalPublisher:
             self.temp = os.path.join(self.directory, partial_name(os.path.basename(path)))
             self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         with translating(self.url):
             view = memoryview(data)
             while view:

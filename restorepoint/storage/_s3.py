@@ -194,7 +194,7 @@ class _S3Publisher(_DeferredPublisher):
         self.create_only = create_only
         self.written = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         super().write(data)
         self.written += len(data)
 

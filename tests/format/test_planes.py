@@ -8,6 +8,8 @@ import hashlib
 import io
 import os
 import struct
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -207,6 +209,48 @@ def test_numpy_and_slices_merge_the_same_bytes(
             decoded = planes.decode_planes(stored, n)
             assert isinstance(decoded, memoryview) and decoded.readonly
             assert decoded == chunk
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_numpy_and_slices_split_the_same_planes(
+    checkpoint: Path, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the process has numpy already (a PyTorch run), large chunks are split with
+    numpy's strided copies, which release the GIL, block by block; elsewhere by slices of
+    bytes: the same planes, and the same stored bytes, either way. Lengths with a tail, and
+    past a block of rows."""
+    numpy = pytest.importorskip("numpy")
+    data = (checkpoint / "model" / "encoder.pt").read_bytes()
+    rows = planes._NUMPY_MIN + planes._BLOCK_ROWS + 7
+    for n in (rows * width, rows * width + width - 1, 4 << 20):
+        chunk = data[:n]
+        end = n // width * width
+        expected = [chunk[k:end:width] for k in range(width)]
+        monkeypatch.setitem(sys.modules, "numpy", numpy)
+        split = planes.split_planes(chunk, width)
+        assert all(isinstance(p, memoryview) and p.readonly for p in split)
+        assert [bytes(p) for p in split] == expected
+        with_numpy = b"".join(planes._planes_parts(chunk, width, (1 << width) - 1))
+        monkeypatch.delitem(sys.modules, "numpy")
+        assert planes.split_planes(chunk, width) == expected
+        assert b"".join(planes._planes_parts(chunk, width, (1 << width) - 1)) == with_numpy
+        assert planes.decode_planes(with_numpy, n) == chunk
+
+
+def test_the_split_never_imports_numpy() -> None:
+    """A process without numpy loaded (the CLI's pack) splits by slices and does not import
+    it: its import costs the pack more than the GIL does (docs/performance.md)."""
+    code = (
+        "import sys, restorepoint.format.codecs as c\n"
+        "data = bytes(range(256)) * (1 << 14)\n"
+        "assert len(c.split_planes(data, 4)[0]) == len(data) // 4\n"
+        "c.encode_planes_parts(data, 1)\n"
+        "print('numpy' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip() == "False"
 
 
 def test_real_weights_pack_smaller_than_with_zstd_alone(checkpoint: Path, tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from .store import list_store
 __all__ = [
     "FULL_EVERY",
     "MIN_REUSE",
+    "NO_EARLIER",
     "REST",
     "SAMPLE_BYTES",
     "Planned",
@@ -60,6 +61,9 @@ SAMPLE_BYTES = 32 << 20
 assert FULL_EVERY <= MAX_DELTA_BASES
 
 
+#: Why a publish references nothing when the store holds no restore point of its run.
+NO_EARLIER = "no earlier restore point of the run"
+
 #: After a publish that would reuse less than MIN_REUSE of its bytes, a publisher that rests
 #: (``Rest``: the runtime's, the integrations') publishes the run's next REST restore points as
 #: full ones of the older format, which name no chunks: no sha256 of every chunk, no tensor
@@ -86,6 +90,9 @@ class Rest:
 
     def __init__(self, length: int | None = None) -> None:
         self.length = REST if length is None else length
+        #: The share of its state the publisher expects its next restore point to reuse of
+        #: the one before (``expect``); None: it does not know.
+        self.expected: float | None = None
         self._left: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -93,12 +100,32 @@ class Rest:
         # A publisher that holds one may be pickled (a Lightning callback under ddp_spawn):
         # the lock is not, and a copy starts with a lock of its own.
         with self._lock:
-            return {"length": self.length, "left": list(self._left.items())}
+            return {
+                "length": self.length,
+                "left": list(self._left.items()),
+                "expected": self.expected,
+            }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.length = state["length"]
+        self.expected = state.get("expected")
         self._left = OrderedDict((tuple(key), left) for key, left in state["left"])
         self._lock = threading.Lock()
+
+    def expect(self, reuse: float | None) -> None:
+        """What the publisher knows of its training: the share of its state (0 to 1) that its
+        next restore point would reuse of the one before (the PyTorch runtime's: what no
+        tracked optimizer steps), or None. Used only where the store holds no restore point of
+        the run to measure the reuse against (spec 28.4): below MIN_REUSE, that publish names
+        no chunks and the rest starts, as after a measured one."""
+        if reuse is not None and not 0.0 <= reuse <= 1.0:
+            raise ValueError(f"an expected reuse is a share from 0 to 1, not {reuse!r}")
+        self.expected = reuse
+
+    def expects_little(self) -> bool:
+        """Whether the publisher expects its next restore point to reuse less than MIN_REUSE."""
+        expected = self.expected
+        return expected is not None and expected < MIN_REUSE
 
     def start(self, where: str, run: str) -> None:
         """The run's last publish would have reused less than MIN_REUSE: rest for the next
@@ -221,7 +248,7 @@ def _newest_name(store: Location, run: str) -> str | Planned:
         # restore point: a full one, which is sound whatever the store holds.
         return Planned(None, f"the run's restore points cannot be listed: {exc.message}")
     if not entries:
-        return Planned(None, "no earlier restore point of the run")
+        return Planned(None, NO_EARLIER)
     return entries[0].name
 
 

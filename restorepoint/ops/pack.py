@@ -267,24 +267,13 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
     store = is_store_url(dest) if into_store is None else into_store
     location = resolve(dest, options.storage_options)
     planned = None
-    plain = head
+    cuts = None
     if options.incremental is not False:
         why_not = _why_full(head, store=store, encrypted=cipher is not None)
         if why_not is None:
-            head, planned = _incremental(head, location, chosen, rest)
+            head, planned, cuts = _plan(head, location, chosen, files, rest)
         elif options.incremental:
             raise UsageError(why_not)
-    cuts = None
-    if planned is not None and not planned.plain:
-        # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
-        cuts = [cuts_for(f.location, f.size, head.chunk_size, f.opener) for f in files]
-        planned = _worth_it(planned, files, head.chunk_size, cuts, resting=rest is not None)
-        if planned.plain and rest is not None:
-            # Its state changes too much: the publisher rests for its next publishes (W4c).
-            rest.start(*_rest_key(location, plain))
-    if planned is not None and planned.plain:
-        # A full one that names no chunks (the older format, W4c).
-        head, cuts = plain, None
     if store:
         location = location.join(entry_name(head))
     with at_url(location.url):
@@ -318,6 +307,29 @@ def pack_spec(  # noqa: PLR0913 - source, destination, head, options, and the ca
         reused=reused_bytes(written.manifest) if planned is not None else 0,
         incremental=planned.reason if planned is not None else None,
     )
+
+
+def _plan(
+    head: Manifest, location: Location, codec: Codec, files: list[SourceFile], rest: Rest | None
+) -> tuple[Manifest, Planned, list[list[int] | None] | None]:
+    """The head of a restore point that may be incremental, what it references and where
+    its files are cut (spec 28.4, W4c); a full one that names no chunks (the older format)
+    when its publisher rests, or starts to."""
+    plain = head
+    head, planned = _incremental(head, location, codec, rest)
+    cuts = None
+    if not planned.plain:
+        planned = _expected(planned, rest)
+        if not planned.plain:
+            # An incremental restore point cuts at tensors (spec 28.4): what moved is found.
+            cuts = [cuts_for(f.location, f.size, head.chunk_size, f.opener) for f in files]
+            planned = _worth_it(planned, files, head.chunk_size, cuts, resting=rest is not None)
+        if planned.plain and rest is not None:
+            # Its state changes too much: the publisher rests for its next publishes (W4c).
+            rest.start(*_rest_key(location, plain))
+    if planned.plain:
+        return plain, planned, None
+    return head, planned, cuts
 
 
 def _why_full(head: Manifest, *, store: bool, encrypted: bool) -> str | None:
@@ -367,6 +379,25 @@ def _rest_key(location: Location, head: Manifest) -> tuple[str, str]:
         return location.url, head.run
     rank = "shared" if head.part.rank is None else str(head.part.rank)
     return location.up().up().url, f"{head.run} rank {rank}"
+
+
+def _expected(planned: Planned, rest: Rest | None) -> Planned:
+    """``planned``, or a full restore point that names no chunks when the store holds no
+    restore point of the run to measure the reuse against and the publisher expects to reuse
+    less than MIN_REUSE (``Rest.expect``, spec 28.4): the chunk names would only serve a next
+    publish that its training leaves nothing to reference."""
+    from ._increment import MIN_REUSE, NO_EARLIER, Planned
+
+    if rest is None or planned.plan is not None or planned.reason != NO_EARLIER:
+        return planned
+    if not rest.expects_little():
+        return planned
+    return Planned(
+        None,
+        f"{NO_EARLIER}, and its publisher expects it to reuse less than {MIN_REUSE:.0%} of "
+        "its bytes",
+        plain=True,
+    )
 
 
 def _worth_it(

@@ -270,6 +270,14 @@ class Publisher:
     def _publish(self, snap: Snapshot, memory: Mapping[str, InMemory] | None = None) -> None:
         started = time.perf_counter()
         step = snap.position.step
+        # Where the store holds nothing of the run to measure the reuse against, what the
+        # training steps says whether the first restore point's chunk names would serve.
+        total = state_bytes(snap.state)
+        self.rest.expect(
+            None
+            if snap.stepped is None or not total
+            else min(1.0, max(0.0, 1 - snap.stepped / total))
+        )
         try:
             result = publish(
                 self.directory.checkpoints,

@@ -86,7 +86,7 @@ from .records import (
 from .restore import resume
 from .resume_from import RUNTIME_HINTS, Landing
 from .signals import SignalFlags, default_stop_signals, ignore_in_worker
-from .state import STATE_FORMAT, rng_state, to_cpu
+from .state import STATE_FORMAT, rng_state, stepped_bytes, to_cpu
 from .stop import end_stop, finish_uploads, stop
 from .worker import DEFAULT_NICE, Snapshot, SnapshotWorker
 
@@ -551,7 +551,7 @@ class ResumableRun:
             "world_size": self._world,
         }
         copies.run()
-        snap = Snapshot(state, self.position, self._metrics)
+        snap = Snapshot(state, self.position, self._metrics, stepped_bytes(self.objects))
         self._metrics = {}
         if self._world > 1:
             # Every rank's worker saves and publishes its part of each snapshot in the same

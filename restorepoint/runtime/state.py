@@ -109,6 +109,37 @@ def set_rng(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def stepped_bytes(objects: Mapping[str, Any]) -> int | None:
+    """The bytes of the tracked state that training changes at each step, as the tracked
+    objects tell: the parameters of tracked modules that a tracked optimizer steps (those
+    that need a gradient), and every tracked optimizer's state. Everything else (frozen
+    parameters, buffers, schedulers, objects of other kinds) is counted as kept: a wrong guess
+    here costs only the speed it would save (spec 28.4). None without a tracked optimizer:
+    then nothing is known of what changes."""
+    optimizers = [o for o in objects.values() if isinstance(o, torch.optim.Optimizer)]
+    if not optimizers:
+        return None
+    stepped = {
+        id(p)
+        for optimizer in optimizers
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if isinstance(p, torch.Tensor) and p.requires_grad
+    }
+    modules = [o for o in objects.values() if isinstance(o, torch.nn.Module)]
+    # Each parameter once, however many tracked modules share it.
+    params = {id(p): p for m in modules for p in m.parameters() if id(p) in stepped}
+    moments = [
+        t
+        for optimizer in optimizers
+        for value in optimizer.state.values()
+        if isinstance(value, Mapping)
+        for t in value.values()
+        if isinstance(t, torch.Tensor)
+    ]
+    return sum(t.numel() * t.element_size() for t in [*params.values(), *moments])
+
+
 def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
     """``state`` (as ``storable`` returned it) saved as a snapshot file (``save_image``)."""
     save_image(SnapshotImage(dict(state)), target, scratch)

@@ -46,6 +46,9 @@ class Snapshot:
     position: Position
     #: What the run measured for this snapshot (``commit(metrics=...)``), for the head.
     metrics: Mapping[str, float] = field(default_factory=dict)
+    #: The bytes of the state that training changes at each step, as the tracked objects
+    #: tell (``state.stepped_bytes``); None: not known.
+    stepped: int | None = None
 
 
 class SnapshotWorker(Generic[T]):

@@ -279,6 +279,58 @@ def test_a_publisher_that_rests_names_no_chunks_for_its_next_publishes(tmp_path:
         verify(result.url)
 
 
+def test_a_publisher_that_expects_little_reuse_rests_from_the_run_s_first_publish(
+    tmp_path: Path,
+) -> None:
+    # Where the store holds nothing of the run, no reuse can be measured: a publisher that
+    # knows its training changes most of its state (Rest.expect below MIN_REUSE) names no
+    # chunks in the run's first restore point and rests from there (spec 28.4). One that
+    # expects reuse, or knows nothing, names them; and once the store holds one of the run,
+    # the reuse is measured, whatever is expected.
+    from restorepoint.format.delta import DELTA_FEATURE
+    from restorepoint.ops._increment import NO_EARLIER
+    from restorepoint.ops.publish import Rest
+
+    src = tmp_path / "src"
+    kept = os.urandom(9 * MIB)
+    _write(src, kept, 1)
+    for expected, names in ((None, True), (0.9, True), (0.25, True), (0.1, False), (0.0, False)):
+        store = f"{tmp_path}/store-{expected}/"
+        rest = Rest(2)
+        rest.expect(expected)
+        first = _publish(src, store, 1, rest=rest)
+        assert (DELTA_FEATURE in first.manifest.required_features) is names, expected
+        if names:
+            assert first.pack.incremental == NO_EARLIER
+            assert rest.take(store, "r1") == 0
+        else:
+            assert first.pack.incremental == (
+                f"{NO_EARLIER}, and its publisher expects it to reuse less than 25% of its bytes"
+            )
+            # The rest started: the next two name no chunks either, then the third does.
+            assert [_publish(src, store, s, rest=rest).pack.incremental for s in (2, 3)] == [
+                f"the run's state changed too much at a recent publish ({left} more)"
+                for left in (2, 1)
+            ]
+            third = _publish(src, store, 4, rest=rest)
+            assert DELTA_FEATURE in third.manifest.required_features
+            # Now that the store holds the run's chunks, the reuse is measured: 90% kept
+            # (the frozen 9 MiB) is referenced, although the publisher expects none.
+            _write(src, kept, 5)
+            fifth = _publish(src, store, 5, rest=rest)
+            assert fifth.manifest.bases and fifth.pack.reused >= 9 * MIB
+            verify(fifth.url)
+        verify(first.url)
+    with pytest.raises(ValueError, match="share from 0 to 1"):
+        Rest().expect(1.5)
+    # The expectation travels with a pickled publisher.
+    import pickle
+
+    rest = Rest()
+    rest.expect(0.125)
+    assert pickle.loads(pickle.dumps(rest)).expected == 0.125
+
+
 def test_a_rest_is_taken_one_publish_at_a_time_for_its_own_store_and_run() -> None:
     from restorepoint.ops._increment import REST
     from restorepoint.ops.publish import Rest

@@ -53,6 +53,8 @@ def test_a_frozen_backbone_is_uploaded_once(tmp_path: Path) -> None:
     # No incremental= given: incremental is the default into a store.
     run_id, uploads = _train(tmp_path / "a", store, net, opt, steps=3, keep_last=1)
     assert len(uploads) == 3
+    # Its optimizer steps 1% of the state: the first restore point names its chunks.
+    assert uploads[0]["incremental"]["reason"] == "no earlier restore point of the run"
     sizes = {e.step: e.size for e in list_store(store, run=run_id)}
     # keep-last 1 keeps step 3 and the first, whose frozen backbone step 3 references.
     assert sorted(sizes) == [1, 3]
@@ -73,6 +75,32 @@ def test_a_frozen_backbone_is_uploaded_once(tmp_path: Path) -> None:
         assert torch.equal(a, b)
 
 
+def test_what_training_steps_is_told_by_the_tracked_optimizers() -> None:
+    """The bytes a step changes (what the publisher expects to reuse where the store holds
+    nothing of the run, spec 28.4): the tracked modules' parameters that a tracked optimizer
+    steps, and the optimizers' state; frozen parameters, parameters no optimizer holds,
+    buffers and other objects count as kept, and without an optimizer nothing is known."""
+    from restorepoint.runtime.state import stepped_bytes
+
+    net = torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 8)
+    )
+    net[0].requires_grad_(False)
+    head = [p for p in net[2].parameters()]
+    head_bytes = sum(p.numel() * 4 for p in head)
+    assert stepped_bytes({"model": net}) is None
+    # A frozen parameter in the optimizer is not stepped; BatchNorm's are held by none.
+    opt = torch.optim.Adam([*head, net[0].weight], lr=1e-3)
+    assert stepped_bytes({"model": net, "optimizer": opt}) == head_bytes
+    # After a step, Adam's two moments (and its step counts) change too.
+    net(torch.randn(4, 64)).square().mean().backward()
+    opt.step()
+    moments = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values())
+    assert moments >= 2 * head_bytes
+    tracked = {"model": net, "again": net, "optimizer": opt, "scheduler": object()}
+    assert stepped_bytes(tracked) == head_bytes + moments  # a shared module counted once
+
+
 def _bases(store: str, run: str, step: int) -> tuple[Any, ...]:
     (entry,) = [e for e in list_store(store, run=run) if e.step == step]
     return restorepoint.read_manifest(f"{store}{entry.name}").bases or ()
@@ -80,8 +108,9 @@ def _bases(store: str, run: str, step: int) -> tuple[Any, ...]:
 
 def test_a_full_fine_tune_says_it_reused_nothing_and_rests(tmp_path: Path) -> None:
     # Every parameter trains with Adam: nothing of a restore point is left in the next. The
-    # runtime's publisher rests (spec 28.4): after the publish that would reuse too little,
-    # that one and the next REST name no chunks, so no per-chunk sha256 is paid for.
+    # runtime's publisher knows it from what its optimizer steps, and rests from the run's
+    # first restore point (spec 28.4): that one and the next REST name no chunks, so no
+    # per-chunk sha256 is paid for.
     from restorepoint.format.delta import DELTA_FEATURE
     from restorepoint.ops._increment import REST
 
@@ -91,19 +120,20 @@ def test_a_full_fine_tune_says_it_reused_nothing_and_rests(tmp_path: Path) -> No
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     run_id, uploads = _train(tmp_path / "a", store, net, opt, steps=4)
     reasons = [u["incremental"]["reason"] for u in uploads]
-    assert "names no chunks" not in reasons[0]  # the first of the run: nothing to reference
-    assert reasons[1] == "it would reuse less than 25% of its bytes"
-    assert reasons[2:] == [
+    assert reasons[0] == (
+        "no earlier restore point of the run, and its publisher expects it to reuse less "
+        "than 25% of its bytes"
+    )
+    assert reasons[1:] == [
         f"the run's state changed too much at a recent publish ({left} more)"
-        for left in (REST, REST - 1)
+        for left in (REST, REST - 1, REST - 2)
     ]
     assert all(u["incremental"]["reused"] == 0 for u in uploads)
     entries = {e.step: e.name for e in list_store(store, run=run_id)}
     features = [
         restorepoint.read_manifest(f"{store}{entries[s]}").required_features for s in (1, 2, 3, 4)
     ]
-    assert DELTA_FEATURE in features[0]
-    assert all(DELTA_FEATURE not in f for f in features[1:])
+    assert all(DELTA_FEATURE not in f for f in features)
     again = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 8))
     again_opt = torch.optim.Adam(again.parameters(), lr=1e-3)
     with ResumableRun(

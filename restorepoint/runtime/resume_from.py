@@ -19,7 +19,7 @@ from ..ops.resumed import ResumeMarker
 from ..ops.store import _store
 from ..ops.unpack import ImportResult
 from .contract import RESUME_DIR_ENV, RESUME_HEAD_ENV, RESUME_URL_ENV
-from .snapshot_file import Held
+from .held import Held
 
 if TYPE_CHECKING:
     from .run import ResumableRun

@@ -29,20 +29,20 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, cast
+from typing import Any, BinaryIO, cast
 
 import torch
 
 from ..errors import IntegrityError, MissingExtra, UsageError, at_url
 from ..format._json import CanonicalizationError, canonical_dumps, strict_loads
 from ..format.limits import MAX_SAFE_INTEGER
+from .held import Fill, Held
 
 __all__ = [
     "DTYPES",
     "MAX_INT_DIGITS",
     "MAX_STATE_DEPTH",
     "SNAPSHOT_FORMAT",
-    "Held",
     "ImageReader",
     "SnapshotImage",
     "is_snapshot_file",
@@ -62,8 +62,6 @@ MAX_STATE_DEPTH = 16
 MAX_INT_DIGITS = 40
 #: safetensors' own limit on the header, which holds the structure.
 MAX_HEADER_BYTES = 100_000_000
-#: How much of a tensor ``read_snapshot_held`` copies before it forgets what it copied.
-FILL_STEP = 16 << 20
 
 #: torch dtype <-> safetensors dtype name: the dtypes a snapshot stores.
 DTYPES: dict[torch.dtype, str] = {
@@ -408,20 +406,6 @@ def read_snapshot_file(path: str | os.PathLike[str]) -> Any:
         return _Decoder(path, shapes, reader.tensor).value(node, 0)
 
 
-class Held(Protocol):
-    """A file's bytes held in memory, verified (an import in memory keeps them so:
-    ``ops.unpack.Contents``)."""
-
-    @property
-    def size(self) -> int: ...
-
-    def read(self, start: int, end: int) -> bytes: ...
-
-    def readinto(self, start: int, out: memoryview) -> int: ...
-
-    def forget(self, end: int) -> None: ...
-
-
 def read_snapshot_held(name: str, data: Held) -> Any:
     """The state of a snapshot file held in memory (``name`` is what errors call it), checked
     exactly as ``read_snapshot_file`` checks a file: safetensors checks the container on the
@@ -436,23 +420,12 @@ def read_snapshot_held(name: str, data: Held) -> Any:
     with _header_file(prefix + header, data.size) as path:
         node, shapes = _checked(name, path)
 
-    def fill(start: int, out: memoryview) -> int:
-        # A step at a time, each step's bytes forgotten once copied: the bytes of the tensor
-        # being made are not held twice either (at most one step's).
-        done = 0
-        while done < len(out):
-            n = data.readinto(start + done, out[done : done + FILL_STEP])
-            if n == 0:
-                break
-            done += n
-            data.forget(start + done)
-        return done
-
-    reader = _Reader(name, header, shapes, fill)
-    made: dict[str, torch.Tensor] = {}
-    for tensor in sorted(shapes, key=reader.begin):
-        made[tensor] = reader.tensor(tensor)
-        data.forget(reader.end(tensor))
+    with Fill(data) as fill:
+        reader = _Reader(name, header, shapes, fill)
+        made: dict[str, torch.Tensor] = {}
+        for tensor in sorted(shapes, key=reader.begin):
+            made[tensor] = reader.tensor(tensor)
+            data.forget(reader.end(tensor))
     data.forget(data.size)
     return _Decoder(name, shapes, made.__getitem__).value(node, 0)
 

@@ -31,9 +31,9 @@ import torch
 from .._posix import fsync_dir
 from ..errors import IncompatibleRestorePoint, StorageError
 from .capture import Buffers, Copies, storable
+from .held import Held
 from .safe_load import safe_load
 from .snapshot_file import (
-    Held,
     SnapshotImage,
     is_snapshot_file,
     is_snapshot_head,

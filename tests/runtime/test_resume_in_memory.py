@@ -23,7 +23,6 @@ import restorepoint
 from restorepoint.errors import IntegrityError
 from restorepoint.format import read_manifest
 from restorepoint.ops.unpack import import_restore_point
-from restorepoint.runtime import snapshot_file
 from restorepoint.runtime.state import load_state
 from restorepoint.storage import resolve
 from restorepoint.torch import ResumableRun
@@ -219,17 +218,26 @@ def test_under_run_a_corrupted_store_snapshot_is_one_line_and_exit_1(tmp_path: P
     assert not imports.exists() or os.listdir(imports) == []
 
 
+@pytest.mark.parametrize(("threads", "numpy_copy"), [(1, False), (2, False), (2, True), (3, True)])
 def test_the_held_loader_copies_in_steps_across_chunks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, numpy_copy: bool
 ) -> None:
-    """The loader copies each tensor a step at a time and forgets each step's bytes: with
-    steps and chunks that cross tensor boundaries everywhere, the state is the file's, bit
-    for bit, and every held byte is let go at the end."""
+    """The loader copies each tensor a window of steps at a time (the steps on up to
+    FILL_THREADS threads, copied by numpy, which releases the GIL, or by slices) and forgets
+    each window's bytes: with steps and chunks that cross tensor boundaries everywhere, the
+    state is the file's, bit for bit, and every held byte is let go at the end."""
+    from restorepoint.ops import unpack
+    from restorepoint.runtime import held as held_module
+
     store, _ = published(tmp_path)
     import_restore_point(str(the_restore_point(store)), tmp_path / "c")
     url = str(tmp_path / "small-chunks.rp")
     restorepoint.pack(tmp_path / "c", url, position=restorepoint.Position(3), chunk_size=65536)
-    monkeypatch.setattr(snapshot_file, "FILL_STEP", 777)
+    monkeypatch.setattr(held_module, "FILL_STEP", 777)
+    monkeypatch.setattr(held_module, "FILL_THREADS", threads)
+    monkeypatch.setattr(unpack, "_NUMPY_COPY", 0 if numpy_copy else 1 << 62)
+    if numpy_copy:
+        pytest.importorskip("numpy")
     result = import_restore_point(url, tmp_path / "d", in_memory=True)
     try:
         assert result.contents is not None

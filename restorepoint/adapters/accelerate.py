@@ -53,11 +53,8 @@ from typing import Any, NoReturn
 from .._posix import signal_number
 from .._text import printable
 from ..errors import (
-    IncompatibleRestorePoint,
-    IntegrityError,
     MissingExtra,
     RestorePointError,
-    StorageError,
     UsageError,
 )
 from ..format import Manifest, Position
@@ -87,6 +84,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without accelerate
     raise MissingExtra("accelerate", "transformers", "the accelerate adapter") from exc
 
+from ._accelerate_processes import Processes
 from ._accelerate_resume import (
     check_pickles,
     choose_state,
@@ -105,6 +103,7 @@ from ._accelerate_state import (
     view_for,
 )
 from ._expect import store_from_env
+from ._stepped import accelerate_stepped, reuse_of
 
 __all__ = [
     "ACCELERATE_HINTS",
@@ -125,6 +124,8 @@ class _Job:
     files: list[str]
     head: HeadSpec
     step: int
+    #: The bytes its training changes at each step (``_stepped``); None: not known.
+    stepped: int | None = None
 
 
 def local_view(
@@ -139,7 +140,7 @@ def local_view(
     return view_for(str(_ACCELERATE_VERSION), config, cache_keys, cache_root, terms)
 
 
-class AccelerateRun:
+class AccelerateRun(Processes):
     """Restore points of one Accelerate run: ``publish`` (save_state, then publish),
     ``resume`` (the newest complete state, local or from the store, gated and scanned, then
     load_state), and, as a context manager, the stop contract (``should_stop``, ``stop``).
@@ -223,58 +224,6 @@ class AccelerateRun:
         self.worker: SnapshotWorker[_Job] | None = None
         self._group: Any = None
 
-    # -- the processes ---------------------------------------------------------------------------
-
-    @property
-    def rank(self) -> int:
-        return int(self.accelerator.process_index)
-
-    @property
-    def world(self) -> int:
-        return int(self.accelerator.num_processes)
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def _barrier(self) -> None:
-        self.accelerator.wait_for_everyone()
-
-    def _gather(self, value: Any) -> list[Any]:
-        if self.world == 1:
-            return [value]
-        out: list[Any] = [None] * self.world
-        torch.distributed.all_gather_object(out, value)
-        return out
-
-    def _broadcast(self, value: Any) -> Any:
-        if self.world == 1:
-            return value
-        box = [value if self.is_main else None]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def _together(self, work: Callable[[], Any]) -> Any:
-        """Run ``work`` on every process; when it failed on any, raise on every one (this
-        process's own error, or the first other's), so that no process waits alone in a
-        collective."""
-        error: Exception | None = None
-        result = None
-        try:
-            result = work()
-        except Exception as exc:  # whatever it is, the other processes must hear of it
-            error = exc
-        code = error.exit_code if isinstance(error, RestorePointError) else 1
-        said = None if error is None else (code, f"rank {self.rank}: {error}")
-        failed = [s for s in self._gather(said) if s is not None]
-        if error is not None:
-            raise error
-        if failed:
-            code, message = failed[0]
-            cls = {1: IntegrityError, 2: UsageError, 3: IncompatibleRestorePoint}
-            raise cls.get(code, StorageError)(message)
-        return result
-
     # -- publishing ------------------------------------------------------------------------------
 
     def head(self, position: Position, metrics: Mapping[str, float] | None = None) -> HeadSpec:
@@ -298,7 +247,8 @@ class AccelerateRun:
         files = self._save(Position(step, epoch))
         if self.store is None:
             return None
-        job = _Job(files, self.head(Position(step, epoch), metrics), step)
+        stepped = accelerate_stepped(self.accelerator)
+        job = _Job(files, self.head(Position(step, epoch), metrics), step, stepped)
         if self.worker is not None:
             self.worker.submit(job)
             return None
@@ -333,7 +283,7 @@ class AccelerateRun:
         then the record of the directory: complete whether or not the publish landed."""
         index: dict[str, tuple[int, str]] = {}
         try:
-            url = self._publish(job.files, job.head, index)
+            url = self._publish(job.files, job.head, index, job.stepped)
         except Exception as exc:
             self.uploads.append({"step": job.step, "ok": False, "error": str(exc)})
             self._record_saved(job, None)
@@ -363,11 +313,19 @@ class AccelerateRun:
             self.directory, self.head(position).manifest, self.world, files, index
         )
 
-    def _publish(self, files: list[str], head: HeadSpec, index: dict[str, tuple[int, str]]) -> str:
+    def _publish(
+        self,
+        files: list[str],
+        head: HeadSpec,
+        index: dict[str, tuple[int, str]],
+        stepped: int | None = None,
+    ) -> str:
         """Publish ``files``; ``index`` is filled with what the restore point's index says of
-        each (its size and sha256)."""
+        each (its size and sha256). ``stepped``: the bytes its training changes at each step,
+        for the rest (spec 28.4: a full fine-tune's first restore point names no chunks)."""
         store = self.store or ""
         if self.world == 1:
+            self._rest.expect(reuse_of(stepped, self.directory, files))
             result = publish(
                 self.directory,
                 store,
@@ -544,7 +502,8 @@ class AccelerateRun:
             files = self._save(position)
             if self.store is None:
                 return f"state saved in {self.directory} (no store)"
-            job = _Job(files, self.head(position, metrics), position.step)
+            stepped = accelerate_stepped(self.accelerator)
+            job = _Job(files, self.head(position, metrics), position.step, stepped)
             url = self._publish_job(job, raise_errors=True)
         except RestorePointError as exc:
             return (

@@ -33,23 +33,21 @@ import signal as signals
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from .._posix import fsync_dir, fsync_file
 from .._text import printable
-from ..errors import MissingExtra, RestorePointError, UsageError
-from ..format import Manifest, Position
-from ..ops import Expectations, entry_name, verify
-from ..ops.local_view import DATA_KEY, data_digest
+from ..errors import MissingExtra, UsageError
+from ..format import Position
+from ..ops import entry_name, verify
 from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.store import KeepBest
 from ..runtime.contract import EXIT_RESUMABLE, incremental_from_env, report_ready
-from ..runtime.safe_load import safe_load
 from ..runtime.signals import signal_name
 from ._expect import run_id, store_from_env
+from ._lightning_adapter import LightningAdapter
 from ._lightning_metrics import best_options, keep_best_for, monitored
 from ._lightning_resume import (
     IDENTITY_KEY,
@@ -60,7 +58,8 @@ from ._lightning_resume import (
     resume_checkpoint,
     trainer_info,
 )
-from .base import Snapshot, TrainerInfo, preempt_signal, send_signal
+from ._stepped import lightning_stepped, reuse_of
+from .base import preempt_signal
 
 try:
     import torch  # noqa: F401 - the extra's presence
@@ -469,7 +468,7 @@ class PreemptionCallback(pl.Callback):
                 return False
             self._record("saved", step=step, epoch=epoch, path=str(self.dirpath / LAST))
             if self.store is not None and trainer.is_global_zero:
-                self._pack(step, epoch, monitored(trainer, self.metric))
+                self._pack(step, epoch, monitored(trainer, self.metric), lightning_stepped(trainer))
             return True
         finally:
             self._busy = False
@@ -499,12 +498,21 @@ class PreemptionCallback(pl.Callback):
             os.replace(partial, final)
             fsync_dir(self.dirpath)
 
-    def _pack(self, step: int, epoch: int, metrics: Mapping[str, float] | None = None) -> None:
+    def _pack(
+        self,
+        step: int,
+        epoch: int,
+        metrics: Mapping[str, float] | None = None,
+        stepped: int | None = None,
+    ) -> None:
         head = HeadSpec.from_view(
             self.view, Position(step, epoch), operational_keys=self.operational, run=self.run,
             metrics=metrics,
         )  # fmt: skip
         try:
+            # What the training steps of last.ckpt: a full fine-tune's first restore point
+            # names no chunks (spec 28.4).
+            self._rest.expect(reuse_of(stepped, self.dirpath, [LAST]))
             result = publish(
                 self.dirpath,
                 self.store or "",
@@ -538,70 +546,3 @@ class PreemptionCallback(pl.Callback):
 
     def _record(self, event: str, **fields: Any) -> None:
         self.events.append({"event": event, **fields})
-
-
-class LightningAdapter:
-    """PyTorch Lightning with restorepoint.adapters.lightning.PreemptionCallback (last.ckpt)."""
-
-    name = "lightning"
-    #: The callback publishes into ``$RESTOREPOINT_STORE`` and ``resume_checkpoint`` gates
-    #: its own resumes: under ``restorepoint run`` a Lightning job is a trainer that
-    #: publishes itself, as a ResumableRun is.
-    self_publishing = True
-
-    def __init__(self, signal_name: str | None = None) -> None:
-        self.snapshot_signal = preempt_signal(signal_name)
-
-    def trainer(self) -> TrainerInfo:
-        return _trainer_info()
-
-    def local_view(
-        self,
-        config: Mapping[str, Any] | None = None,
-        data: Path | None = None,
-        *,
-        cache_root: str | None = None,
-        command: Sequence[str] = (),
-    ) -> Expectations:
-        """The installed Lightning and the terms detected here; the cache root given (or in
-        ``$RESTOREPOINT_CACHE_ROOT``); the data digest of ``data`` as the cache key ``data``,
-        else none (the callback packs none unless given); the config."""
-        keys = {DATA_KEY: data_digest(data)} if data is not None else None
-        view = _local_view(config, keys, cache_root)
-        if config is not None:
-            view = replace(view, sources={**view.sources, "config": "--config"})
-        if data is not None:
-            view = replace(
-                view, sources={**view.sources, "cache_keys": "computed: data digest of --data"}
-            )
-        return view
-
-    def request_snapshot(self, pid: int) -> None:
-        """Send the preemption signal: the callback saves last.ckpt and chains to the handler
-        before it (submitit's requeue stops the job); with none, it is a stop (exit 42)."""
-        send_signal(pid, self.snapshot_signal)
-
-    def newest_snapshot(self, workdir: Path) -> Snapshot | None:
-        """``workdir/last.ckpt`` (or ``workdir/checkpoints/last.ckpt``, Lightning's default
-        layout). It is committed once it exists: the callback renames it into place whole.
-        Step and epoch are the checkpoint's own ``global_step`` and ``epoch``."""
-        for root in (workdir, workdir / "checkpoints"):
-            path = root / LAST
-            if not path.is_file():
-                continue
-            try:
-                # mmap: the tensors of a multi-GB checkpoint are not read to learn its step.
-                state = safe_load(path, mmap=True)
-                position = Position(int(state["global_step"]), int(state["epoch"]))
-            except (RestorePointError, KeyError, TypeError, ValueError) as exc:
-                log.warning("%s is not a readable Lightning checkpoint: %s", path, exc)
-                return None
-            return Snapshot(root, (LAST,), position)
-        return None
-
-    def resume_command(
-        self, restored: Path, manifest: Manifest, base: Sequence[str] = ()
-    ) -> list[str]:
-        """The trainer's command with ``--ckpt_path RESTORED/last.ckpt`` (LightningCLI's
-        ``fit`` option; a script of your own passes it to ``trainer.fit(ckpt_path=...)``)."""
-        return [*base, "--ckpt_path", str(restored / LAST)]

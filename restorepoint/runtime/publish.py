@@ -47,6 +47,7 @@ from ..ops.store import KeepBest
 from .contract import POSITION_FILE, RunDirectory
 from .snapshot_file import SnapshotImage
 from .state import (
+    expected_reuse,
     remove_other_shared,
     save_image,
     save_state,
@@ -272,12 +273,7 @@ class Publisher:
         step = snap.position.step
         # Where the store holds nothing of the run to measure the reuse against, what the
         # training steps says whether the first restore point's chunk names would serve.
-        total = state_bytes(snap.state)
-        self.rest.expect(
-            None
-            if snap.stepped is None or not total
-            else min(1.0, max(0.0, 1 - snap.stepped / total))
-        )
+        self.rest.expect(expected_reuse(snap.stepped, state_bytes(snap.state)))
         try:
             result = publish(
                 self.directory.checkpoints,

@@ -43,6 +43,7 @@ from .snapshot_file import (
 
 __all__ = [
     "STATE_FORMAT",
+    "expected_reuse",
     "load_state",
     "read_state",
     "remove_other_shared",
@@ -53,6 +54,7 @@ __all__ = [
     "shared_file",
     "split_shared",
     "state_digest",
+    "stepped_bytes",
     "to_cpu",
 ]
 
@@ -138,6 +140,15 @@ def stepped_bytes(objects: Mapping[str, Any]) -> int | None:
         if isinstance(t, torch.Tensor)
     ]
     return sum(t.numel() * t.element_size() for t in [*params.values(), *moments])
+
+
+def expected_reuse(stepped: int | None, total: int) -> float | None:
+    """The share of a restore point of ``total`` bytes that the next one would reuse when
+    ``stepped`` of them change at every step (``stepped_bytes``): what a publisher tells its
+    ``Rest`` (``Rest.expect``, spec 28.4). None when nothing is known."""
+    if stepped is None or total <= 0:
+        return None
+    return min(1.0, max(0.0, 1 - stepped / total))
 
 
 def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:

@@ -71,10 +71,12 @@ def make_trainer(
     callbacks: list[Any] | None = None,
     rp: RestorePointCallback | None = None,
     trainer_options: dict[str, Any] | None = None,
+    net: GPT2LMHeadModel | None = None,
     **extra: Any,
 ) -> tuple[Trainer, RestorePointCallback, dict[str, Any]]:
     """The Trainer of this job, its callback, and the keywords resume_checkpoint takes
-    (``extra``: more TrainingArguments; ``trainer_options``: more Trainer keywords)."""
+    (``extra``: more TrainingArguments; ``trainer_options``: more Trainer keywords; ``net``:
+    another model than ``model()``)."""
     hf_logging.set_verbosity_error()
     data = data if data is not None else dataset()
     args = TrainingArguments(
@@ -82,7 +84,7 @@ def make_trainer(
         learning_rate=lr, save_steps=save_steps, report_to=[], use_cpu=True, seed=0,
         data_seed=0, disable_tqdm=True, **{"logging_steps": 1, **extra},
     )  # fmt: skip
-    net = model()
+    net = net if net is not None else model()
     rp = rp or RestorePointCallback(
         store, run=RUN, dataset=data, storage_options=storage_options, wait_each=True
     )

@@ -200,6 +200,43 @@ def test_every_load_of_load_state_is_weights_only_and_a_custom_checkpoint_round_
     assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_full_fine_tunes_first_restore_point_names_no_chunks(
+    tmp_path: Path, frozen: bool
+) -> None:
+    # The run tells its rest what the Accelerator's optimizers step (spec 28.4): with every
+    # layer trained by AdamW nothing of a restore point is left in the next, and the first,
+    # into a store that holds nothing of the run, names no chunks; a frozen backbone's names
+    # them, and the next references it.
+    from restorepoint.format.delta import DELTA_FEATURE
+
+    AcceleratorState._reset_state(True)
+    try:
+        accelerator = Accelerator(cpu=True)
+        torch.manual_seed(0)
+        backbone, head = torch.nn.Linear(512, 512), torch.nn.Linear(512, 8)
+        backbone.requires_grad_(not frozen)
+        model = torch.nn.Sequential(backbone, torch.nn.Tanh(), head)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(trained, lr=1e-4))
+        store = {"store": f"{tmp_path / 'store'}/", "config": {**CONFIG, "frozen": frozen}}
+        rp = AccelerateRun(accelerator, tmp_path / "a", **store)
+        for step in (1, 2):
+            accelerator.backward(model(torch.randn(8, 512)).pow(2).mean())
+            optimizer.step()
+            optimizer.zero_grad()
+            rp.publish(step=step)
+    finally:
+        AcceleratorState._reset_state(True)
+    entries = sorted(list_store(store["store"]), key=lambda e: e.step)
+    first, second = (inspect_restore_point(e.url).manifest for e in entries)
+    assert (DELTA_FEATURE in first.required_features) is frozen
+    if frozen:
+        assert [b.name for b in second.bases or ()] == [entries[0].name]
+    else:
+        assert DELTA_FEATURE not in second.required_features
+
+
 def test_a_changed_config_is_refused_naming_the_field(
     tmp_path: Path, fresh: Any, store: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

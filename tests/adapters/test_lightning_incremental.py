@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from restorepoint import list_store, read_manifest
 from restorepoint.adapters.lightning import PreemptionCallback, resume_checkpoint
+from restorepoint.format.delta import DELTA_FEATURE
 from restorepoint.ops.publish import HeadSpec, PackOptions, publish
 
 pytestmark = [
@@ -60,6 +61,18 @@ class FrozenBackbone(pl.LightningModule):
         g = torch.Generator().manual_seed(0)
         x, y = torch.randn(64, WIDTH, generator=g), torch.randn(64, WIDTH, generator=g)
         return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=False)
+
+
+class FullFineTune(FrozenBackbone):
+    """The same layers, every one trained with Adam: nothing of a checkpoint is left in the
+    next (the parameters and both moments change at every step)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.backbone.requires_grad_(True)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.Adam(self.parameters(), lr=1e-4)
 
 
 class SignalEvery(pl.Callback):
@@ -148,3 +161,27 @@ def test_the_callback_pickles_with_its_rest(tmp_path: Path) -> None:
     callback._rest.start(f"{tmp_path}/s/", "r")
     copy = pickle.loads(pickle.dumps(callback))
     assert copy._rest.take(f"{tmp_path}/s/", "r") == callback._rest.length
+
+
+@pytest.mark.parametrize("module", [FullFineTune, FrozenBackbone])
+def test_a_full_fine_tunes_first_restore_point_names_no_chunks(
+    tmp_path: Path, module: type[FrozenBackbone]
+) -> None:
+    # The callback tells its rest what the Trainer's optimizers step (spec 28.4): a full
+    # fine-tune's first restore point, into a store that holds nothing of the run, names no
+    # chunks (no sha256 of each chunk for references nothing would make), and its next rests
+    # too; a frozen backbone's first names them, and its next references it.
+    store = f"{tmp_path / 'store'}/"
+    callback = PreemptionCallback(
+        tmp_path / "ckpt", store=store, config={"module": module.__name__}, stop=False
+    )
+    trainer_for(tmp_path, 1, callback, SignalEvery()).fit(module())
+    entries = sorted(list_store(store), key=lambda e: e.step)
+    assert [e.step for e in entries] == [EVERY, 2 * EVERY]
+    first, second = (read_manifest(e.url) for e in entries)
+    trained = module is FullFineTune
+    assert (DELTA_FEATURE in first.required_features) is not trained
+    if trained:
+        assert DELTA_FEATURE not in second.required_features
+    else:
+        assert [b.name for b in second.bases or ()] == [entries[0].name]

@@ -370,6 +370,39 @@ def test_a_save_during_a_publish_replaces_the_waiting_one_and_nothing_is_left_be
 # -- keep-best beside save_total_limit ------------------------------------------------------
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_full_fine_tunes_first_restore_point_names_no_chunks(
+    tmp_path: Path, frozen: bool
+) -> None:
+    # The callback tells its rest what the Trainer's optimizer steps (spec 28.4): a full
+    # fine-tune (every parameter and AdamW's two moments change at every step) publishes its
+    # first restore point, into a store that holds nothing of the run, naming no chunks, and
+    # the next rests too; with all but the final layer norm frozen, the first names them.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from restorepoint.format.delta import DELTA_FEATURE
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=256, n_positions=8, n_embd=64, n_layer=2, n_head=2, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    net = GPT2LMHeadModel(config)
+    if frozen:
+        net.requires_grad_(False)
+        net.transformer.ln_f.requires_grad_(True)
+    store = f"{tmp_path / 'store'}/"
+    train(tmp_path / "out", store=store, net=net, max_steps=6, save_steps=3)
+    entries = sorted(list_store(store), key=lambda e: e.step)
+    assert [e.step for e in entries] == [3, 6]
+    first, second = (read_manifest(e.url) for e in entries)
+    assert (DELTA_FEATURE in first.required_features) is frozen
+    if frozen:
+        assert [b.name for b in second.bases or ()] == [entries[0].name]
+    else:
+        assert DELTA_FEATURE not in second.required_features
+
+
 def test_keep_best_keeps_the_best_that_save_total_limit_rotates_away(tmp_path: Path) -> None:
     """save_total_limit=1 keeps the newest checkpoint on the disk; keep_last=1 with
     keep_best=1 keeps the newest and the best in the store, the best's metric in its head."""

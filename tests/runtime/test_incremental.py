@@ -80,7 +80,7 @@ def test_what_training_steps_is_told_by_the_tracked_optimizers() -> None:
     nothing of the run, spec 28.4): the tracked modules' parameters that a tracked optimizer
     steps, and the optimizers' state; frozen parameters, parameters no optimizer holds,
     buffers and other objects count as kept, and without an optimizer nothing is known."""
-    from restorepoint.runtime.state import stepped_bytes
+    from restorepoint.runtime.state import expected_reuse, stepped_bytes
 
     net = torch.nn.Sequential(
         torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 8)
@@ -99,6 +99,9 @@ def test_what_training_steps_is_told_by_the_tracked_optimizers() -> None:
     assert moments >= 2 * head_bytes
     tracked = {"model": net, "again": net, "optimizer": opt, "scheduler": object()}
     assert stepped_bytes(tracked) == head_bytes + moments  # a shared module counted once
+    # The share its publisher expects the next restore point to reuse, what Rest.expect takes.
+    assert expected_reuse(None, 100) is None and expected_reuse(10, 0) is None
+    assert expected_reuse(25, 100) == 0.75 and expected_reuse(300, 100) == 0.0
 
 
 def _bases(store: str, run: str, step: int) -> tuple[Any, ...]:

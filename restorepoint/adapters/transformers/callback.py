@@ -54,6 +54,7 @@ from ...runtime.worker import SnapshotWorker
 from ...storage import set_store_deadline
 from ...trust import load_signing_key
 from .._lightning_metrics import best_options
+from .._stepped import reuse_of, stepped_of
 from ._checkpoint import UNPUBLISHED, file_index, write_record
 from ._view import (
     cache_keys_of,
@@ -92,6 +93,8 @@ class _Job:
     staging: Path
     checkpoint: Path
     head: HeadSpec
+    #: The bytes its training changes at each step (``_stepped``); None: not known.
+    stepped: int | None = None
 
 
 @dataclass(frozen=True)
@@ -292,7 +295,11 @@ class RestorePointCallback(TrainerCallback):
             torch.distributed.barrier()
         if state.is_world_process_zero and self._worker is not None and self._spec is not None:
             if checkpoint.is_dir():
-                self._submit(state, checkpoint)
+                model, optimizer = kwargs.get("model"), kwargs.get("optimizer")
+                stepped = stepped_of(
+                    [] if model is None else [model], [] if optimizer is None else [optimizer]
+                )
+                self._submit(state, checkpoint, stepped)
                 if self.wait_each and self._stopping is None:
                     self.wait(self.upload_timeout)
             else:
@@ -323,7 +330,7 @@ class RestorePointCallback(TrainerCallback):
                 return {name: float(value)}
         return {}
 
-    def _submit(self, state: TrainerState, checkpoint: Path) -> None:
+    def _submit(self, state: TrainerState, checkpoint: Path, stepped: int | None = None) -> None:
         assert self._spec is not None
         assert self._worker is not None
         step = int(state.global_step)
@@ -338,7 +345,7 @@ class RestorePointCallback(TrainerCallback):
             self._record("pack_failed", step=step, error=str(exc))
             return
         head = self._spec.at(Position(step, epoch), self._metrics(state))
-        self._worker.submit(_Job(step, staging, checkpoint, head))
+        self._worker.submit(_Job(step, staging, checkpoint, head, stepped))
 
     def _publish(self, job: _Job) -> None:
         """The worker's job (never raises): publish and read back, or hash the files here
@@ -350,6 +357,13 @@ class RestorePointCallback(TrainerCallback):
         try:
             if self.store is not None:
                 try:
+                    # A full fine-tune's first restore point names no chunks (spec 28.4).
+                    files = [
+                        str(p.relative_to(job.staging))
+                        for p in job.staging.rglob("*")
+                        if p.is_file()
+                    ]
+                    self._rest.expect(reuse_of(job.stepped, job.staging, files))
                     result = publish(
                         job.staging,
                         self.store,

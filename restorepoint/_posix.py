@@ -1,6 +1,6 @@
 """POSIX helpers, once: the fsync of a file or a directory, the atomic write of a small file,
-the atomic exchange of two paths, whether a process is alive, and when it started. Every
-module that needs one of these calls it here."""
+the atomic exchange of two paths, whether a process is alive, and when it started, and advice
+to the kernel on fresh memory. Every module that needs one of these calls it here."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import ctypes.util
 import enum
 import errno
 import functools
+import mmap
 import os
 import signal
 import stat
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,12 +22,15 @@ from typing import Any
 from .errors import UsageError
 
 __all__ = [
+    "HUGE_ADVICE",
     "Disposition",
     "FileTooLarge",
     "NotRegularFile",
+    "advise_huge_pages",
     "atomic_write",
     "fsync_dir",
     "fsync_file",
+    "huge_buffer",
     "pid_alive",
     "preempt_signal",
     "process_owner",
@@ -74,6 +79,69 @@ def release_free_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+_MADV_HUGEPAGE = 14
+#: Fresh memory of this many bytes or more is worth the advice (``advise_huge_pages``): it
+#: holds at least one whole huge page wherever it lies.
+HUGE_ADVICE = 4 << 20
+#: What the kernel calls the size of a transparent huge page (2 MiB on x86_64).
+_HUGE_PAGE_SIZE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
+
+
+@functools.cache
+def _madvise() -> tuple[Any, int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open(_HUGE_PAGE_SIZE, encoding="ascii") as f:
+            huge = int(f.read().strip())
+        func = getattr(ctypes.CDLL(None, use_errno=True), "madvise", None)
+    except (OSError, ValueError):
+        return None
+    if func is None or huge <= 0 or huge & (huge - 1):
+        return None
+    func.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    func.restype = ctypes.c_int
+    return func, huge
+
+
+def advise_huge_pages(address: int, length: int) -> None:
+    """Ask Linux to back the memory at ``address`` (``length`` bytes, not yet touched) with
+    transparent huge pages where it can: ``madvise(MADV_HUGEPAGE)`` on the whole huge pages
+    inside it. A copy into fresh memory then faults once per huge page (2 MiB) rather than
+    once per 4 KiB page: at 1 GiB, 262,144 faults fewer, which a two-core machine pays for in
+    kernel time (docs/performance.md). Nothing elsewhere, where huge pages are off
+    (``never``), or where the kernel says no: it is advice, and never an error."""
+    advise = _madvise()
+    if advise is None:
+        return
+    func, huge = advise
+    start = -(-address // huge) * huge
+    end = (address + length) // huge * huge
+    if end > start:
+        func(start, end - start, _MADV_HUGEPAGE)
+
+
+def huge_buffer(size: int) -> memoryview | None:
+    """``size`` writable bytes of fresh memory of their own, starting at a huge page and
+    advised into huge pages (``advise_huge_pages``), given back to the system as soon as the
+    last view of them goes (an anonymous mapping: no allocator holds on to it, so no trim is
+    needed to keep the resident set bounded). None below HUGE_ADVICE, elsewhere than Linux,
+    or when no mapping can be made: the caller allocates as usual."""
+    advise = _madvise()
+    if advise is None or size < HUGE_ADVICE:
+        return None
+    huge = advise[1]
+    try:
+        mapping = mmap.mmap(-1, size + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        probe = ctypes.c_char.from_buffer(mapping)
+        offset = -ctypes.addressof(probe) % huge
+        del probe
+        mapping.madvise(mmap.MADV_HUGEPAGE, offset, size)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return memoryview(mapping)[offset : offset + size]
 
 
 _RENAME_EXCHANGE = 2

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Protocol
 
 import zstandard
 
+from .._posix import huge_buffer
 from ..errors import DecodeError, MalformedManifest, UnsupportedFormat
 from .limits import zstd_bound
 
@@ -385,7 +386,15 @@ def _merge(planes: list[Decoded], tail: Decoded, count: int, width: int) -> Deco
             out[k:end:width] = plane
         out[end:] = tail
         return memoryview(out).toreadonly()
-    array = numpy.empty(end + len(tail), numpy.uint8)
+    # A chunk's memory of its own, in huge pages: an import holds every chunk of a file
+    # until its tensors are made of them, so each is fresh memory (a fault per 4 KiB page
+    # otherwise), and it goes back to the system when the last view of it goes.
+    fresh = huge_buffer(end + len(tail))
+    array = (
+        numpy.empty(end + len(tail), numpy.uint8)
+        if fresh is None
+        else numpy.frombuffer(fresh, numpy.uint8)
+    )
     grid = array[:end].reshape(count, width)
     sources = [numpy.frombuffer(plane, numpy.uint8) for plane in planes]
     for start in range(0, count, _BLOCK_ROWS):

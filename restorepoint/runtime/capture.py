@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._posix import HUGE_ADVICE, advise_huge_pages
 from ..errors import UsageError
 from .snapshot_file import DTYPES, MAX_INT_DIGITS, MAX_STATE_DEPTH, refuse
 
@@ -85,6 +86,10 @@ class Copies:
         """The contiguous CPU tensor that will hold ``source`` (``into``, or a new one)."""
         if into is None:
             into = torch.empty(tuple(source.shape), dtype=source.dtype, device="cpu")
+            size = into.numel() * into.element_size()
+            if size >= HUGE_ADVICE:
+                # Fresh memory, filled whole by the copy: a fault per huge page, not per 4 KiB.
+                advise_huge_pages(into.data_ptr(), size)
         if source.device.type == "cpu":
             self._cpu.append((into, source))
         else:

@@ -1,0 +1,120 @@
+"""Fresh memory in huge pages (``_posix.advise_huge_pages``, ``_posix.huge_buffer``): the
+advice reaches the kernel for the memory it names, a huge buffer is aligned, exact, writable
+and goes back to the system with its last view, and what is made in such memory (a decoded
+planes chunk, a snapshot's tensors, a pause's copies) is bit for bit what was stored."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import sys
+from pathlib import Path
+
+import pytest
+
+from restorepoint._posix import HUGE_ADVICE, _madvise, advise_huge_pages, huge_buffer
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or _madvise() is None,
+    reason="transparent huge pages are Linux's (and need its sysfs entry)",
+)
+
+
+def _mapping(address: int) -> dict[str, str] | None:
+    """The fields of /proc/self/smaps for the mapping that holds ``address``."""
+    found: dict[str, str] | None = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            low, high = (int(x, 16) for x in head.split("-"))
+            if found is not None:
+                break
+            if low <= address < high:
+                found = {}
+        elif found is not None:
+            key, _, value = line.partition(":")
+            found[key] = value.strip()
+    return found
+
+
+def _advised(address: int) -> bool:
+    fields = _mapping(address)
+    assert fields is not None, "no mapping holds the address"
+    return "hg" in fields["VmFlags"].split()
+
+
+def _address(view: memoryview) -> int:
+    probe = ctypes.c_char.from_buffer(view)
+    try:
+        return ctypes.addressof(probe)
+    finally:
+        del probe
+
+
+def test_a_huge_buffer_is_aligned_exact_writable_advised_and_given_back() -> None:
+    huge = _madvise()[1]  # type: ignore[index]
+    size = 2 * HUGE_ADVICE + 12345
+    view = huge_buffer(size)
+    assert view is not None and len(view) == size and not view.readonly
+    address = _address(view)
+    assert address % huge == 0
+    assert _advised(address) and _advised(address + size - 1)
+    pattern = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    view[:] = pattern
+    assert bytes(view) == pattern
+    # The mapping is the buffer's own: with its last view it is unmapped.
+    view.release()
+    del view
+    gc.collect()
+    assert _mapping(address) is None
+    assert huge_buffer(HUGE_ADVICE - 1) is None
+
+
+def test_the_advice_names_only_the_whole_huge_pages_inside_the_memory() -> None:
+    torch = pytest.importorskip("torch")
+    t = torch.empty(3 * HUGE_ADVICE, dtype=torch.uint8)
+    start = t.data_ptr()
+    advise_huge_pages(start, t.numel())
+    huge = _madvise()[1]  # type: ignore[index]
+    inside = -(-start // huge) * huge
+    assert _advised(inside) and _advised(inside + huge)
+    if inside - start >= 4096:  # the part before the first whole huge page is left alone
+        assert not _advised(start)
+    # Nothing to advise and odd ranges are no error.
+    advise_huge_pages(start + 1, 10)
+    advise_huge_pages(start, 0)
+
+
+def test_a_big_planes_chunk_decodes_into_a_huge_buffer_bit_for_bit() -> None:
+    np = pytest.importorskip("numpy")
+    from restorepoint.format import PlanesCodec
+
+    rng = np.random.default_rng(0)
+    plain = (rng.standard_normal(HUGE_ADVICE // 4) * 0.02).astype(np.float32).tobytes() + b"ab"
+    codec = PlanesCodec(1)
+    stored = codec.encode(plain)
+    assert stored[0] == 2  # byte planes: the merge made it
+    decoded = codec.decode(stored, len(plain))
+    assert bytes(decoded) == plain
+    assert _advised(np.frombuffer(decoded, np.uint8).ctypes.data)
+
+
+def test_big_tensors_are_made_in_advised_memory_bit_for_bit(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from restorepoint.runtime.capture import Copies
+    from restorepoint.runtime.state import read_state, save_state
+
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(HUGE_ADVICE // 4 + 7, generator=g)
+    small = torch.randn(16, generator=g)
+    # The pause's copies: a fresh CPU tensor for each, the big one advised.
+    copies = Copies()
+    into = [copies.add(big), copies.add(small)]
+    copies.run()
+    assert torch.equal(into[0], big) and torch.equal(into[1], small)
+    assert _advised(into[0].data_ptr() + into[0].numel() * 4 // 2)
+    # A snapshot file read back: each tensor made in its own memory, the big one advised.
+    save_state({"big": big, "small": small}, tmp_path / "last.pt", tmp_path)
+    state = read_state(tmp_path / "last.pt")
+    assert torch.equal(state["big"], big) and torch.equal(state["small"], small)
+    assert _advised(state["big"].data_ptr() + big.numel() * 4 // 2)

@@ -85,7 +85,7 @@ def test_the_advice_names_only_the_whole_huge_pages_inside_the_memory() -> None:
     advise_huge_pages(start, 0)
 
 
-def test_a_big_planes_chunk_decodes_into_a_huge_buffer_bit_for_bit() -> None:
+def test_a_big_held_planes_chunk_decodes_into_a_huge_buffer_bit_for_bit() -> None:
     np = pytest.importorskip("numpy")
     from restorepoint.format import PlanesCodec
 
@@ -94,9 +94,14 @@ def test_a_big_planes_chunk_decodes_into_a_huge_buffer_bit_for_bit() -> None:
     codec = PlanesCodec(1)
     stored = codec.encode(plain)
     assert stored[0] == 2  # byte planes: the merge made it
-    decoded = codec.decode(stored, len(plain))
+    # Held by its caller (an import in memory): a mapping of its own, advised.
+    decoded = codec.decode(stored, len(plain), held=True)
     assert bytes(decoded) == plain
     assert _advised(np.frombuffer(decoded, np.uint8).ctypes.data)
+    # Let go at once (verify, an import to disk): the allocator's memory, reused chunk after
+    # chunk, and the same bytes.
+    again = codec.decode(stored, len(plain))
+    assert bytes(again) == plain
 
 
 def test_big_tensors_are_made_in_advised_memory_bit_for_bit(tmp_path: Path) -> None:

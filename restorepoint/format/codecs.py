@@ -53,7 +53,7 @@ class Codec(Protocol):
 
     def to_dict(self) -> dict[str, Any]: ...
     def encode(self, plain: bytes) -> bytes: ...
-    def decode(self, stored: bytes, plain_length: int) -> Decoded: ...
+    def decode(self, stored: bytes, plain_length: int, *, held: bool = False) -> Decoded: ...
     def max_stored(self, plain_length: int) -> int: ...
 
 
@@ -75,7 +75,7 @@ class NoneCodec:
     def encode(self, plain: bytes) -> bytes:
         return plain
 
-    def decode(self, stored: bytes, plain_length: int) -> bytes:
+    def decode(self, stored: bytes, plain_length: int, *, held: bool = False) -> bytes:
         if len(stored) != plain_length:
             raise DecodeError(f"stored chunk is {len(stored)} bytes, expected {plain_length}")
         return stored
@@ -113,7 +113,7 @@ class ZstdCodec:
     def encode(self, plain: bytes) -> bytes:
         return bytes(_compressor(self.level).compress(plain))
 
-    def decode(self, stored: bytes, plain_length: int) -> bytes:
+    def decode(self, stored: bytes, plain_length: int, *, held: bool = False) -> bytes:
         return _zstd_decode(stored, plain_length)
 
     def max_stored(self, plain_length: int) -> int:
@@ -178,8 +178,10 @@ class PlanesCodec:
         one)."""
         return encode_planes_parts(plain, self.level)
 
-    def decode(self, stored: bytes, plain_length: int) -> Decoded:
-        return decode_planes(stored, plain_length)
+    def decode(self, stored: bytes, plain_length: int, *, held: bool = False) -> Decoded:
+        """``held``: the caller keeps the chunk (an import in memory), so a chunk of planes
+        is merged into memory of its own in huge pages (``_merge``)."""
+        return decode_planes(stored, plain_length, held=held)
 
     def max_stored(self, plain_length: int) -> int:
         return plain_length + PLANES_OVERHEAD
@@ -307,7 +309,9 @@ def _planes_parts(plain: bytes, width: int, candidates: int) -> list[bytes | mem
     return parts
 
 
-def decode_planes(stored: bytes, plain_length: int) -> Decoded:  # noqa: PLR0912 - the decode steps of spec section 7, each with its own refusal
+def decode_planes(  # noqa: PLR0912 - the decode steps of spec section 7, each with its own refusal
+    stored: bytes, plain_length: int, *, held: bool = False
+) -> Decoded:
     """Decode one stored chunk of the planes codec into exactly ``plain_length`` bytes, or
     raise DecodeError. Every length is checked against the stored bytes and the plain length
     before anything is decoded; no frame may produce more than its plane's length."""
@@ -367,10 +371,12 @@ def decode_planes(stored: bytes, plain_length: int) -> Decoded:  # noqa: PLR0912
             expected=rest,
             found=len(stored) - pos,
         )
-    return _merge(planes, view[pos:], count, width)
+    return _merge(planes, view[pos:], count, width, held)
 
 
-def _merge(planes: list[Decoded], tail: Decoded, count: int, width: int) -> Decoded:
+def _merge(
+    planes: list[Decoded], tail: Decoded, count: int, width: int, held: bool = False
+) -> Decoded:
     """The chunk: plane k back in its place (every width-th byte from byte k), then the tail.
     With numpy, strided copies that release the GIL, block by block: the merge is most of a
     planes decode, and holding the GIL in it left a reader's second core idle (verify, an
@@ -386,10 +392,12 @@ def _merge(planes: list[Decoded], tail: Decoded, count: int, width: int) -> Deco
             out[k:end:width] = plane
         out[end:] = tail
         return memoryview(out).toreadonly()
-    # A chunk's memory of its own, in huge pages: an import holds every chunk of a file
-    # until its tensors are made of them, so each is fresh memory (a fault per 4 KiB page
-    # otherwise), and it goes back to the system when the last view of it goes.
-    fresh = huge_buffer(end + len(tail))
+    # A chunk its caller holds (an import in memory keeps a file's chunks until its tensors
+    # are made of them) is fresh memory whatever allocates it: a mapping of its own in huge
+    # pages faults once per 2 MiB, not per 4 KiB, and goes back to the system with its last
+    # view. A chunk that is let go at once (verify, an import to disk) reuses the allocator's
+    # memory instead: a fresh mapping each time would fault every chunk in anew.
+    fresh = huge_buffer(end + len(tail)) if held else None
     array = (
         numpy.empty(end + len(tail), numpy.uint8)
         if fresh is None

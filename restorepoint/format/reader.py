@@ -383,9 +383,9 @@ class PayloadDecoder:
     order (bytes, or a read-only memoryview), and ``(entry, None)`` once an entry's sha256 has
     been checked. Opening, decoding and hashing run on a pool of ``threads`` (each file's chunks
     hashed in order, files side by side); at most ``2 * threads`` chunks' worth of plain bytes
-    are in flight."""
+    are in flight. ``held``: the caller keeps the chunks it is given."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the stream, and how to read it (threads, key, bases, held)
         self,
         manifest: Manifest,
         stream: BinaryIO,
@@ -393,9 +393,13 @@ class PayloadDecoder:
         threads: int = 2,
         cipher: ChunkCipher | None = None,
         bases: Bases | None = None,
+        held: bool = False,
     ) -> None:
         assert manifest.payload is not None
         self._frames = BaseFrames(manifest, bases)
+        #: The caller keeps every chunk (an import in memory): the codec gives each memory of
+        #: its own (``PlanesCodec.decode``).
+        self.held = held
         if manifest.encryption is not None and cipher is None:
             raise DecryptionError("the payload is encrypted: a key is needed to read it")
         self.cipher = cipher
@@ -519,7 +523,7 @@ class PayloadDecoder:
         """On a pool thread: decode a ``delta/1`` chunk, check its own sha256, then feed it
         to its file's."""
         assert entry.delta is not None
-        data = entry.codec.decode(stored, plain)
+        data = entry.codec.decode(stored, plain, held=self.held)
         found = hashlib.sha256(data).hexdigest()
         expected = entry.delta.chunk_sha256(index)
         if found != expected:
@@ -549,7 +553,7 @@ class PayloadDecoder:
             stored = self.cipher.open(
                 entry.path, entry.size, position, entries, index, index == count - 1, stored
             )
-        data = entry.codec.decode(stored, plain)
+        data = entry.codec.decode(stored, plain, held=self.held)
         lane.feed(index, data, ticket)
         return data
 

@@ -541,7 +541,12 @@ def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_re
 ) -> None:
     assert manifest.payload is not None
     decoder = PayloadDecoder(
-        manifest, stream, threads=threads or default_threads(), cipher=cipher, bases=bases
+        manifest,
+        stream,
+        threads=threads or default_threads(),
+        cipher=cipher,
+        bases=bases,
+        held=kept is not None,
     )
     current = None
     # Every file is created in payload order, which is what lets the tree hold only one chain

@@ -388,6 +388,9 @@ class Publisher:
         """This rank's part; on rank 0 also the shared part (the shared state and the
         position), or the position in its own part when nothing is shared."""
         head = self.head(snap.position, snap.metrics)
+        # As for one process (``_publish``): each part rests from the run's first commit when
+        # training changes most of the state (spec 28.4, 28.7).
+        self.rest.expect(expected_reuse(snap.stepped, state_bytes(snap.state)))
         mine, shared = own, None
         if self.is_main:
             if common:

@@ -1,7 +1,8 @@
 """One rank of tests/runtime/test_incremental_parts.py, over gloo on the CPU: a frozen-backbone
 model of its own (each rank's weights differ, as a sharded state's do) on
-ResumableRun(incremental=True) with a store, snapshotting every step (``train``), or a fresh
-resume (``resume``); either way it saves the model's state to OUT and prints the step."""
+ResumableRun(incremental=True) with a store, snapshotting every step (``train``; ``full``: every
+layer trained with Adam), or a fresh resume (``resume``); either way it saves the model's state
+to OUT and prints the step."""
 
 from __future__ import annotations
 
@@ -23,11 +24,18 @@ def frozen_backbone(rank: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return net, torch.optim.SGD(net[9].parameters(), lr=0.01)
 
 
+def full_fine_tune(rank: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The same layers, every one trained with Adam (phase ``full``)."""
+    net, _ = frozen_backbone(rank)
+    net.requires_grad_(True)
+    return net, torch.optim.Adam(net.parameters(), lr=1e-4)
+
+
 def main(phase: str, rank: int, world: int, init: str, store: str, root: str, out: str) -> int:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        net, opt = frozen_backbone(rank)
+        net, opt = (full_fine_tune if phase == "full" else frozen_backbone)(rank)
         data = torch.Generator().manual_seed(1 + rank)
         with ResumableRun(
             CONFIG, root=root, store=store, snapshot_every=1, final_snapshot=False,
@@ -35,7 +43,7 @@ def main(phase: str, rank: int, world: int, init: str, store: str, root: str, ou
         ) as run:  # fmt: skip
             run.track(model=net, optimizer=opt)
             start = run.resume().step
-            for _ in range(POINTS if phase == "train" else 0):
+            for _ in range(POINTS if phase in ("train", "full") else 0):
                 loss = net(torch.randn(8, WIDTH, generator=data)).square().mean()
                 opt.zero_grad()
                 loss.backward()

@@ -109,3 +109,25 @@ def test_each_rank_uploads_what_changed_of_its_part_and_resumes_bit_for_bit(
     assert sorted(e.step for e in kept) == [1, worker.POINTS]
     for entry in kept:
         assert len(verify(entry.url, storage_options=opts).parts) >= WORLD
+
+
+def test_a_full_fine_tunes_parts_name_no_chunks_from_the_first_commit(
+    tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any], s3_env: dict[str, str]
+) -> None:
+    # Every layer trained with Adam on each rank: each rank's publisher knows from its
+    # optimizer that nothing of a part is left in the next, and its parts name no chunks from
+    # the run's first commit on (spec 28.4, 28.7), as one process's restore points do.
+    from restorepoint.format.delta import DELTA_FEATURE
+
+    opts, store = s3_storage_options, f"s3://{s3_bucket}/full/"
+    trained = ranks(tmp_path, "full", store, s3_env)
+    run_id = trained[0][-1].split()[-1]
+    commits = sorted(list_store(store, run=run_id, storage_options=opts), key=lambda e: e.step)
+    assert [e.step for e in commits] == list(range(1, worker.POINTS + 1))
+    for commit in commits:
+        manifest = read_manifest(commit.url, storage_options=opts)
+        assert manifest.parts is not None
+        for ref in manifest.parts.objects:
+            url = f"{commit.url.removesuffix('.rp')}.parts/{ref.name}"
+            part = read_manifest(url, storage_options=opts)
+            assert DELTA_FEATURE not in part.required_features, (commit.step, ref.name)

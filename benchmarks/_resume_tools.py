@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 MATMUL = 384
-#: Compute steps before each save: the baseline the slowdown is measured against.
-BASELINE_STEPS = 15
+#: Compute steps before each save and again after its publish: the baseline the slowdown is
+#: measured against (both sides, so that a drift of the process's own step time over the
+#: round is not taken for the publish's doing).
+BASELINE_STEPS = 30
 #: A background publish that takes longer than this is reported as not finished.
 LIMIT_S = 900.0
 #: ResumableRun's own default background priority.
@@ -190,6 +192,8 @@ class Cycle:
         self.model, self.optimizer, self.compute = model, optimizer, compute
         self.store, self.work = store, work
         self.out: dict[str, Any] = {}
+        #: The compute steps made while the last save's publish ran (``background``).
+        self._busy: list[float] = []
 
     def background(self, start: float, done: Callable[[], bool]) -> None:
         """Compute steps until ``done``; the published time and the slowdown."""
@@ -200,16 +204,18 @@ class Cycle:
             steps.append(self.compute.step())
         self.out["published_s"] = time.perf_counter() - start
         self.out["busy_steps"] = len(steps)
-        if len(steps) >= 3:
-            self.out["slowdown"] = statistics.median(steps) / self.out["base_step_s"] - 1
+        self._busy = steps
 
     def save(self, tool: str, tag: str) -> None:
-        self.out["base_step_s"] = statistics.median(
-            self.compute.step() for _ in range(BASELINE_STEPS)
-        )
+        before = [self.compute.step() for _ in range(BASELINE_STEPS)]
+        self._busy = []
         with PeakRSS() as rss:
             getattr(self, "save_" + tool.replace(".", "_").replace("-", "_"))(tag)
         self.out["rss_save"] = rss.peak
+        after = [self.compute.step() for _ in range(BASELINE_STEPS)]
+        self.out["base_step_s"] = statistics.median(before + after)
+        if len(self._busy) >= 3:
+            self.out["slowdown"] = statistics.median(self._busy) / self.out["base_step_s"] - 1
         self.out.setdefault("published_s", self.out["pause_s"])
         self.out["load_save"] = load()
 

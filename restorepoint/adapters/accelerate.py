@@ -232,6 +232,14 @@ class AccelerateRun(Processes):
             metrics=metrics,
         )  # fmt: skip
 
+    def _job(
+        self, files: list[str], position: Position, metrics: Mapping[str, float] | None
+    ) -> _Job:
+        """The publish of ``files`` at ``position``, with what the training steps, read here
+        on the training thread (the optimizers' state is not read while a step changes it)."""
+        stepped = accelerate_stepped(self.accelerator)
+        return _Job(files, self.head(position, metrics), position.step, stepped)
+
     def publish(
         self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
     ) -> str | None:
@@ -247,8 +255,7 @@ class AccelerateRun(Processes):
         files = self._save(Position(step, epoch))
         if self.store is None:
             return None
-        stepped = accelerate_stepped(self.accelerator)
-        job = _Job(files, self.head(Position(step, epoch), metrics), step, stepped)
+        job = self._job(files, Position(step, epoch), metrics)
         if self.worker is not None:
             self.worker.submit(job)
             return None
@@ -502,8 +509,7 @@ class AccelerateRun(Processes):
             files = self._save(position)
             if self.store is None:
                 return f"state saved in {self.directory} (no store)"
-            stepped = accelerate_stepped(self.accelerator)
-            job = _Job(files, self.head(position, metrics), position.step, stepped)
+            job = self._job(files, position, metrics)
             url = self._publish_job(job, raise_errors=True)
         except RestorePointError as exc:
             return (

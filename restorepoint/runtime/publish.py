@@ -182,6 +182,10 @@ class Publisher:
     def save_and_publish(self, snap: Snapshot) -> None:
         """The worker's job for one snapshot; a failed snapshot must never stop training."""
         try:
+            # Where the store holds nothing of the run to measure the reuse against, what the
+            # training steps says whether the first restore point's (or commit's parts')
+            # chunk names would serve (spec 28.4, 28.7).
+            self.rest.expect(expected_reuse(snap.stepped, state_bytes(snap.state)))
             if self.world > 1:
                 self._save_and_publish_part(snap)
             elif self.store is None:
@@ -271,9 +275,6 @@ class Publisher:
     def _publish(self, snap: Snapshot, memory: Mapping[str, InMemory] | None = None) -> None:
         started = time.perf_counter()
         step = snap.position.step
-        # Where the store holds nothing of the run to measure the reuse against, what the
-        # training steps says whether the first restore point's chunk names would serve.
-        self.rest.expect(expected_reuse(snap.stepped, state_bytes(snap.state)))
         try:
             result = publish(
                 self.directory.checkpoints,
@@ -388,9 +389,6 @@ class Publisher:
         """This rank's part; on rank 0 also the shared part (the shared state and the
         position), or the position in its own part when nothing is shared."""
         head = self.head(snap.position, snap.metrics)
-        # As for one process (``_publish``): each part rests from the run's first commit when
-        # training changes most of the state (spec 28.4, 28.7).
-        self.rest.expect(expected_reuse(snap.stepped, state_bytes(snap.state)))
         mine, shared = own, None
         if self.is_main:
             if common:

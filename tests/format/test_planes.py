@@ -100,6 +100,17 @@ def test_the_pieces_a_writer_writes_are_the_stored_bytes(data: bytes) -> None:
         assert parts[1] is data  # stored as it is: not even a copy
 
 
+@given(data=anything | weights)
+def test_a_read_only_view_encodes_as_its_bytes_do(data: bytes) -> None:
+    # A publish from memory hands the codec views of the snapshot's memory, not bytes: small
+    # chunks (whose planes are sliced, not copied by numpy) and large ones encode alike.
+    view = memoryview(bytearray(data)).toreadonly()
+    assert b"".join(CODEC.encode_parts(view)) == CODEC.encode(data)
+    assert [bytes(p) for p in planes.split_planes(view, 4)] == [
+        bytes(p) for p in planes.split_planes(data, 4)
+    ]
+
+
 @given(
     data=anything | weights,
     width=st.sampled_from(planes.PLANE_WIDTHS),

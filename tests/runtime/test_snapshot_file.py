@@ -5,6 +5,8 @@ loader. The faults a reader must refuse are the golden vectors (spec/vectors/sna
 
 from __future__ import annotations
 
+import ctypes
+import io
 import json
 import math
 import pickle
@@ -103,6 +105,33 @@ def test_the_image_in_memory_reads_the_file_s_bytes_from_any_position(tmp_path: 
         assert stream.seek(start) == start == stream.tell()
         assert stream.read(length) == data[start : start + length]
     assert stream.seek(-3, 2) == len(data) - 3 and stream.read() == data[-3:]
+
+
+def test_a_read_of_the_image_is_a_read_only_buffer_of_its_own() -> None:
+    """A read is one copy out of the tensors' memory into a buffer of its own (made without
+    holding the GIL for a zero fill), read-only, and it outlives the image and its tensors."""
+    import gc
+
+    from restorepoint.runtime.snapshot_file import SnapshotImage
+
+    first = torch.arange(100, dtype=torch.int64)  # widest first: it lies first in the file
+    state = {"a": torch.arange(1 << 16, dtype=torch.float32), "b": first}
+    image = SnapshotImage(state)
+    whole = io.BytesIO()
+    image.write(whole)
+    expected = whole.getvalue()
+    stream = image.open()
+    reads = [stream.read(n) for n in (len(image.head) + 3, 512, len(expected))]
+    for data in reads:
+        assert isinstance(data, memoryview) and data.readonly
+        with pytest.raises(TypeError):
+            data[0] = 1  # type: ignore[index]
+    assert ctypes.addressof(reads[1].obj) != first.data_ptr()  # type: ignore[arg-type]
+    del image, stream, state, first
+    gc.collect()
+    garbage = [torch.full((1 << 16,), 7.0) for _ in range(8)]
+    assert b"".join(reads) == expected
+    del garbage
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,8 @@ def load() -> float:
 
 
 class Compute:
-    """A fixed compute step, on one torch thread."""
+    """A fixed compute step, on one torch thread (the thread that makes it: its steps run
+    there too, which ``clock`` reads)."""
 
     def __init__(self) -> None:
         import torch
@@ -42,6 +43,20 @@ class Compute:
         g = torch.Generator().manual_seed(0)
         self.a = torch.randn(MATMUL, MATMUL, generator=g)
         self.b = torch.randn(MATMUL, MATMUL, generator=g) / MATMUL**0.5
+        try:
+            self._schedstat: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._schedstat = None
+
+    def clock(self) -> tuple[int, int, int] | None:
+        """This thread's wall, on-CPU and runnable-but-waiting nanoseconds so far (the
+        kernel's schedstat); None where the kernel does not keep them. Between two readings,
+        the wall time the thread neither ran nor waited for a core it spent blocked: for this
+        loop, which does no I/O, waiting for the GIL (or for an interrupt's handler)."""
+        if self._schedstat is None:
+            return None
+        run, wait, _ = os.pread(self._schedstat, 128, 0).split()
+        return time.perf_counter_ns(), int(run), int(wait)
 
     def step(self) -> float:
         t0 = time.perf_counter()
@@ -185,6 +200,21 @@ class Store:
 # -- the tools --------------------------------------------------------------------------------
 
 
+#: Wall, on-CPU and waiting nanoseconds of the training thread over some steps, and the steps.
+Spent = tuple[int, int, int, int]
+
+
+def _spent(
+    first: tuple[int, int, int] | None, last: tuple[int, int, int] | None, steps: int
+) -> Spent | None:
+    """Wall, on-CPU and waiting nanoseconds between two ``Compute.clock`` readings, and the
+    steps made between them."""
+    if first is None or last is None or not steps:
+        return None
+    wall, run, wait = (b - a for a, b in zip(first, last, strict=True))
+    return wall, run, wait, steps
+
+
 class Cycle:
     """One tool's save and resume of the state, measured."""
 
@@ -192,32 +222,60 @@ class Cycle:
         self.model, self.optimizer, self.compute = model, optimizer, compute
         self.store, self.work = store, work
         self.out: dict[str, Any] = {}
-        #: The compute steps made while the last save's publish ran (``background``).
+        #: The compute steps made while the last save's publish ran (``background``), and
+        #: what the kernel accounts of them (``_spent``).
         self._busy: list[float] = []
+        self._busy_clock: Spent | None = None
 
     def background(self, start: float, done: Callable[[], bool]) -> None:
         """Compute steps until ``done``; the published time and the slowdown."""
         steps: list[float] = []
+        first = self.compute.clock()
         while not done():
             if time.perf_counter() - start > LIMIT_S:
                 raise RuntimeError("the publish did not finish")
             steps.append(self.compute.step())
+        self._busy_clock = _spent(first, self.compute.clock(), len(steps))
         self.out["published_s"] = time.perf_counter() - start
         self.out["busy_steps"] = len(steps)
         self._busy = steps
 
+    def _baseline(self) -> tuple[list[float], Spent | None]:
+        first = self.compute.clock()
+        steps = [self.compute.step() for _ in range(BASELINE_STEPS)]
+        return steps, _spent(first, self.compute.clock(), len(steps))
+
     def save(self, tool: str, tag: str) -> None:
-        before = [self.compute.step() for _ in range(BASELINE_STEPS)]
-        self._busy = []
+        before, clock_before = self._baseline()
+        self._busy, self._busy_clock = [], None
         with PeakRSS() as rss:
             getattr(self, "save_" + tool.replace(".", "_").replace("-", "_"))(tag)
         self.out["rss_save"] = rss.peak
-        after = [self.compute.step() for _ in range(BASELINE_STEPS)]
+        after, clock_after = self._baseline()
         self.out["base_step_s"] = statistics.median(before + after)
         if len(self._busy) >= 3:
             self.out["slowdown"] = statistics.median(self._busy) / self.out["base_step_s"] - 1
+            self._waited(clock_before, clock_after)
         self.out.setdefault("published_s", self.out["pause_s"])
         self.out["load_save"] = load()
+
+    def _waited(self, before: Spent | None, after: Spent | None) -> None:
+        """The slowdown's parts that the kernel accounts to the training thread, each as a
+        fraction of a baseline step (and less what the baseline itself had of it): the time
+        it was runnable and waited for a core, and the time it was blocked (the GIL); what
+        is left of the slowdown is the steps' own CPU time, which the machine's speed moves
+        too (on this VM by tens of percent between minutes, with nothing else running)."""
+        busy = self._busy_clock
+        if busy is None or before is None or after is None:
+            return
+        wall, run, wait, steps = (b + a for b, a in zip(before, after, strict=True))
+        step = wall / steps
+        b_wall, b_run, b_wait, b_steps = busy
+        self.out["waited_core"] = (b_wait / b_steps - wait / steps) / step
+        self.out["waited_blocked"] = (
+            (b_wall - b_run - b_wait) / b_steps - (wall - run - wait) / steps
+        ) / step
+        self.out["slowdown_cpu"] = (b_run / b_steps) / (run / steps) - 1
 
     def resume(self, tool: str, tag: str) -> None:
         with PeakRSS() as rss:

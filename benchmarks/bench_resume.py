@@ -26,6 +26,11 @@ store, every tool in a seeded shuffled order (ours, a peer, ..., then the next r
 - **bytes** stored, the **slowdown** of the compute loop while a publish runs in the
   background, and the **peak RSS** of this process during the save and during the resume (the
   kernel's high-water mark, reset before each; it includes the model and its optimizer).
+- the slowdown's parts that the kernel accounts to the training thread (``schedstat``), each
+  in a baseline step's time, less what the baseline had of it: **waited for a core** (runnable
+  while the background's threads ran on its core) and **blocked** (neither running nor
+  runnable: for this loop, the GIL). They do not move with the machine's speed; the rest of
+  the slowdown, the steps' own CPU time, does (printed per round as "CPU time").
 
 ``--hogs N`` runs N other processes that keep a core busy each (``while True: pass``) for the
 whole run: a machine whose other work (data loader workers, other jobs) takes the cores, where
@@ -67,7 +72,19 @@ OURS = (
     "restorepoint-nice10",
     "restorepoint-nice19",
 )
-FIGURES = ("pause_s", "published_s", "bytes", "slowdown", "resume_s", "rss_save", "rss_resume")
+FIGURES = (
+    "pause_s",
+    "published_s",
+    "bytes",
+    "slowdown",
+    "waited_core",
+    "waited_blocked",
+    "resume_s",
+    "rss_save",
+    "rss_resume",
+)
+#: The slowdown and its parts that the kernel accounts: shown side by side, not as ratios.
+SHARES = ("slowdown", "waited_core", "waited_blocked")
 
 
 def parse_size(text: str) -> int:
@@ -185,6 +202,7 @@ def measure_size(
                             if "saved_s" in cycle.out
                             else ""
                         )
+                        + _slowdown(cycle.out)
                         + f"  (load {cycle.out['load_resume']:.2f})",
                         file=sys.stderr,
                         flush=True,
@@ -194,6 +212,18 @@ def measure_size(
         for store in opened.values():
             store.close()
     return {"size": size, "state_bytes": state_bytes, "runs": runs, "failures": failures}
+
+
+def _slowdown(out: dict[str, Any]) -> str:
+    if out.get("slowdown") is None:
+        return ""
+    text = f"  slowdown {out['slowdown']:+.1%}"
+    if out.get("waited_core") is not None:
+        text += (
+            f" (waited for a core {out['waited_core']:+.1%}, blocked"
+            f" {out['waited_blocked']:+.1%}, CPU time {out['slowdown_cpu']:+.1%})"
+        )
+    return text
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +257,7 @@ def _ratios(med: dict[str, dict[str, float | None]], ours_tool: str) -> dict[str
             ratios[fig] = None
             continue
         best = min(peers, key=lambda t: peers[t])  # type: ignore[arg-type,return-value]
-        if fig == "slowdown":
+        if fig in SHARES:
             ratios[fig] = {"ours": ours, "best_peer": best, "peer": peers[best]}
             continue
         value = peers[best]
@@ -242,7 +272,7 @@ def fmt(fig: str, v: float | None) -> str:
         return f"{v / (1 << 20):.0f} MiB"
     if fig.startswith("rss"):
         return f"{v / (1 << 20):.0f} MiB"
-    if fig == "slowdown":
+    if fig in SHARES:
         return f"{v:+.1%}"
     return f"{v:.2f} s"
 
@@ -253,6 +283,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
         "published_s": "snapshot -> published",
         "bytes": "bytes stored",
         "slowdown": "step slowdown during publish",
+        "waited_core": "  of it, waited for a core",
+        "waited_blocked": "  of it, blocked (the GIL)",
         "resume_s": "empty machine -> first step",
         "rss_save": "peak RSS, save",
         "rss_resume": "peak RSS, resume",
@@ -272,7 +304,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
                 r = summary["vs_best_peer"].get(fig)
                 if r is None:
                     cell = "-"
-                elif fig == "slowdown":
+                elif fig in SHARES:
                     cell = f"{r['ours']:+.1%} vs {r['peer']:+.1%} ({r['best_peer']})"
                 else:
                     cell = f"{r['ratio']:.2f}x ({r['best_peer']})" if r["ratio"] else "-"
@@ -287,6 +319,8 @@ PLOTTED = {
     "published_s": ("snapshot -> published", 1.0, "s"),
     "bytes": ("bytes stored", 1 / (1 << 30), "GiB"),
     "slowdown": ("step slowdown during the publish", 100.0, "%"),
+    "waited_core": ("the step waited for a core", 100.0, "%"),
+    "waited_blocked": ("the step blocked (the GIL)", 100.0, "%"),
     "resume_s": ("empty machine -> first step", 1.0, "s"),
     "rss_save": ("peak RSS, save", 1 / (1 << 30), "GiB"),
     "rss_resume": ("peak RSS, resume", 1 / (1 << 30), "GiB"),

@@ -45,6 +45,12 @@ def test_bench_resume_runs_at_32m(tmp_path: Path) -> None:
                 assert figures[fig] is not None and figures[fig] > 0, (kind, tool, fig)
         for fig in ("pause_s", "published_s", "bytes", "resume_s"):
             assert summary["vs_best_peer"][fig]["ratio"] > 0
+        if Path("/proc/thread-self/schedstat").exists():
+            # Where a slowdown is measured, so are its parts the kernel accounts.
+            for figures in summary["median"].values():
+                if figures["slowdown"] is not None:
+                    assert figures["waited_core"] is not None
+                    assert figures["waited_blocked"] is not None
         assert f"{kind} store" in proc.stdout
     assert "snapshot -> published" in proc.stdout
     # The test extra has matplotlib: the plot of every figure against the size is drawn.

@@ -260,11 +260,12 @@ class Cycle:
         self.out["load_save"] = load()
 
     def _waited(self, before: Spent | None, after: Spent | None) -> None:
-        """The slowdown's parts that the kernel accounts to the training thread, each as a
-        fraction of a baseline step (and less what the baseline itself had of it): the time
-        it was runnable and waited for a core, and the time it was blocked (the GIL); what
-        is left of the slowdown is the steps' own CPU time, which the machine's speed moves
-        too (on this VM by tens of percent between minutes, with nothing else running)."""
+        """The slowdown of the mean step in three parts that the kernel accounts to the
+        training thread, each in a mean baseline step's time (less what the baseline itself
+        had of it): the time it was runnable and waited for a core, the time it was blocked
+        (neither running nor runnable: for this loop, the GIL), and its own CPU time, which
+        the machine's speed moves too (on this VM by tens of percent between minutes, with
+        nothing else running)."""
         busy = self._busy_clock
         if busy is None or before is None or after is None:
             return
@@ -275,7 +276,9 @@ class Cycle:
         self.out["waited_blocked"] = (
             (b_wall - b_run - b_wait) / b_steps - (wall - run - wait) / steps
         ) / step
-        self.out["slowdown_cpu"] = (b_run / b_steps) / (run / steps) - 1
+        self.out["slowdown_cpu"] = (b_run / b_steps - run / steps) / step
+        # The three add up to the slowdown of the mean step (the figure above is the median's).
+        self.out["slowdown_mean"] = (b_wall / b_steps) / step - 1
 
     def resume(self, tool: str, tag: str) -> None:
         with PeakRSS() as rss:

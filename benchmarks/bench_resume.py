@@ -26,11 +26,12 @@ store, every tool in a seeded shuffled order (ours, a peer, ..., then the next r
 - **bytes** stored, the **slowdown** of the compute loop while a publish runs in the
   background, and the **peak RSS** of this process during the save and during the resume (the
   kernel's high-water mark, reset before each; it includes the model and its optimizer).
-- the slowdown's parts that the kernel accounts to the training thread (``schedstat``), each
-  in a baseline step's time, less what the baseline had of it: **waited for a core** (runnable
-  while the background's threads ran on its core) and **blocked** (neither running nor
-  runnable: for this loop, the GIL). They do not move with the machine's speed; the rest of
-  the slowdown, the steps' own CPU time, does (printed per round as "CPU time").
+- the mean step's slowdown in the parts that the kernel accounts to the training thread
+  (``schedstat``), each in a mean baseline step's time, less what the baseline had of it:
+  **waited for a core** (runnable while the background's threads ran on its core) and
+  **blocked** (neither running nor runnable: for this loop, the GIL). They do not move with
+  the machine's speed; the third part, the steps' own CPU time, does (printed per round, with
+  the mean step's slowdown that the three add up to).
 
 ``--hogs N`` runs N other processes that keep a core busy each (``while True: pass``) for the
 whole run: a machine whose other work (data loader workers, other jobs) takes the cores, where
@@ -220,8 +221,8 @@ def _slowdown(out: dict[str, Any]) -> str:
     text = f"  slowdown {out['slowdown']:+.1%}"
     if out.get("waited_core") is not None:
         text += (
-            f" (waited for a core {out['waited_core']:+.1%}, blocked"
-            f" {out['waited_blocked']:+.1%}, CPU time {out['slowdown_cpu']:+.1%})"
+            f" (mean {out['slowdown_mean']:+.1%}: waited for a core {out['waited_core']:+.1%},"
+            f" blocked {out['waited_blocked']:+.1%}, CPU time {out['slowdown_cpu']:+.1%})"
         )
     return text
 
@@ -283,8 +284,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
         "published_s": "snapshot -> published",
         "bytes": "bytes stored",
         "slowdown": "step slowdown during publish",
-        "waited_core": "  of it, waited for a core",
-        "waited_blocked": "  of it, blocked (the GIL)",
+        "waited_core": "  mean step: waited for a core",
+        "waited_blocked": "  mean step: blocked (the GIL)",
         "resume_s": "empty machine -> first step",
         "rss_save": "peak RSS, save",
         "rss_resume": "peak RSS, resume",

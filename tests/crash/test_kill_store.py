@@ -56,6 +56,8 @@ LINGER = 60.0
 #: Delays run up to this multiple of the measured operation: the part past 1.0 lands after its
 #: end even when a trial is slower than the measured one.
 REACH = 1.5
+#: Kills aimed at an outcome that the spread ones missed (``run_pack_trials``).
+AIMED = 8
 LOCAL_TRIALS = trials(24)
 S3_TRIALS = trials(16)
 R1, R2 = "r1", "r2"  # r1: the run _store_worker.py packs and prunes
@@ -388,7 +390,13 @@ def _remaining_olds(olds: list[str], present: list[str], what: str) -> list[str]
 # -- kill -9 during pack into a store with keep-last 1 --------------------------------------
 
 
-def run_pack_trials(templates: Templates, store: Store, trials: int) -> Counter[str]:
+def run_pack_trials(
+    templates: Templates, store: Store, trials: int, aim: str | None = None
+) -> Counter[str]:
+    """``trials`` kills spread over the pack; then, when none of them had the outcome ``aim``
+    (a kill mid-upload, say: a window of the run that a loaded machine moves), up to AIMED
+    more kills between the latest kill that published nothing and the earliest that published,
+    halving that span each time, until one has it."""
     other_name, other_bytes = templates.other
     args = ["pack", str(templates.source)]
 
@@ -402,12 +410,10 @@ def run_pack_trials(templates: Templates, store: Store, trials: int) -> Counter[
         rf"{R1}/\.{re.escape(new_name.split('/')[1])}\.rp-partial-(\d+)-[0-9a-f]{{12}}"
     )
 
-    rng = random.Random(SEED)
-    fractions = _fractions(rng, trials)
-    counts = [rng.randint(1, 3) for _ in range(trials)]
     outcomes: Counter[str] = Counter()
-    for i, (fraction, count) in enumerate(zip(fractions, counts, strict=True)):
-        delay = _delay(pace, i, fraction)
+
+    def trial(i: int, delay: float, count: int) -> bool:
+        """One kill after ``delay`` s; whether the new restore point was published."""
         what = f"seed {SEED}, pack trial {i}, {count} old, kill after {delay:.3f} s"
         olds = templates.olds[:count]
         old_names = [n for n, _ in olds]
@@ -467,6 +473,27 @@ def run_pack_trials(templates: Templates, store: Store, trials: int) -> Counter[
         assert _listed(store) == {R1: [newest], R2: [other_name]}, what
         _verify(store, newest, what)
         assert store.read(other_name) == other_bytes, f"{what}: {R2} touched by prune"
+        return published
+
+    rng = random.Random(SEED)
+    fractions = _fractions(rng, trials)
+    counts = [rng.randint(1, 3) for _ in range(trials)]
+    early, late = 0.0, REACH * pace.duration
+    for i, (fraction, count) in enumerate(zip(fractions, counts, strict=True)):
+        delay = _delay(pace, i, fraction)
+        if trial(i, delay, count):
+            late = min(late, delay)
+        else:
+            early = max(early, delay)
+    aimed = 0
+    while aim is not None and not outcomes[aim] and aimed < AIMED:
+        delay = (early + late) / 2
+        if trial(trials + aimed, delay, 1):
+            late = delay
+        else:
+            early = delay
+        aimed += 1
+    trials += aimed
 
     print(
         f"\ncrash seed {SEED}: pack into {type(store).__name__} with keep-last 1: {trials} "
@@ -482,13 +509,13 @@ def run_pack_trials(templates: Templates, store: Store, trials: int) -> Counter[
 
 
 def test_kill_pack_into_local_store(templates: Templates, local_store: Store) -> None:
-    outcomes = run_pack_trials(templates, local_store, LOCAL_TRIALS)
+    outcomes = run_pack_trials(templates, local_store, LOCAL_TRIALS, aim="partial files")
     assert outcomes["partial files"] > 0, "no kill left a partial file: the pack was not hit"
 
 
 @pytest.mark.s3
 def test_kill_pack_into_s3_store(templates: Templates, s3_store: Store) -> None:
-    outcomes = run_pack_trials(templates, s3_store, S3_TRIALS)
+    outcomes = run_pack_trials(templates, s3_store, S3_TRIALS, aim="incomplete uploads")
     assert outcomes["incomplete uploads"] > 0, "no kill left an upload: the pack was not hit"
 
 

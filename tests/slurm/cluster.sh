@@ -71,9 +71,14 @@ start_munge() {
 
 free_port() {
   # A port nothing listens on: connecting to it is refused. The daemons bind it moments later.
-  local port i
+  # Below the kernel's ephemeral range: a port it has handed to an outgoing connection (one
+  # in TIME_WAIT after the test suite's many) refuses a connection and a bind alike, and
+  # slurmctld then fails with "Address already in use".
+  local port i low
+  low="$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true)"
+  [ "${low:-0}" -gt 11000 ] || low=32768
   for i in $(seq 100); do
-    port=$((20000 + RANDOM % 40000))
+    port=$((10000 + RANDOM % (low - 10000)))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"
       return 0

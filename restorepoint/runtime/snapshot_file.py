@@ -245,9 +245,10 @@ class ImageReader(io.RawIOBase):
         if want <= 0:
             return b""
         # One buffer, filled piece by piece: one copy of each byte, whatever tensors the read
-        # spans (measured: a third less CPU than a copy per piece joined; and a view of a
-        # tensor's memory instead was slower, since the copy brings the chunk into the cache
-        # for the passes after it). Neither its allocation nor the copies hold the GIL for
+        # spans (measured: a third less CPU than a copy per piece joined; a view of a
+        # tensor's memory instead was slower while chunks were named, since the copy brings
+        # the chunk into the cache for the passes after it, and is no faster now: docs/
+        # performance.md). Neither its allocation nor the copies hold the GIL for
         # long: torch.empty does not zero it (a bytearray's zero fill of 16 MiB held the GIL
         # for about 9 ms, which the training thread waited out at its next operations), and
         # ctypes.memmove runs without the GIL.

@@ -247,6 +247,10 @@ def test_with_stop_off_sig_dfl_is_restored_and_training_goes_on(tmp_path: Path) 
 def test_sigterm_and_sigint_stop_at_the_next_step_end(tmp_path: Path, signum: int) -> None:
     """No earlier handler (SIGINT's is Python's own, which only raises KeyboardInterrupt):
     the signal sent after step 3's end is acted on at step 4's; the handlers are put back."""
+    # The case under test, made so: in a full xdist run the worker's SIGINT handler was once
+    # not Python's own when this test began (the fixture puts back whatever it found).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     callback = PreemptionCallback(tmp_path / "ckpt")
     with pytest.raises(SystemExit) as info:
         trainer_for(tmp_path, 1, callback, SignalAt(step=3, signum=signum)).fit(Regression())
@@ -264,7 +268,7 @@ def test_sigterm_and_sigint_stop_at_the_next_step_end(tmp_path: Path, signum: in
         # signal's handler at a later bytecode, and once, in a clean-clone run on a loaded
         # machine, no KeyboardInterrupt came inside this block.
         handler = signal.getsignal(signal.SIGINT)
-        assert callable(handler)
+        assert callable(handler), handler
         with pytest.raises(KeyboardInterrupt):
             handler(signal.SIGINT, None)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -264,16 +264,12 @@ class ImageReader(io.RawIOBase):
             else:
                 ctypes.memmove(base + got, piece[0] + self._at, take)
             got += take
-            self._advance(take)
+            self._at += take
+            if self._at == length:
+                self._piece += 1
+                self._at = 0
+        self._done += want
         return _view(base, want, buffer)  # type: ignore[return-value]
-
-    def _advance(self, taken: int) -> None:
-        self._at += taken
-        self._done += taken
-        piece = self._pieces[self._piece]
-        if self._at == (len(piece) if isinstance(piece, bytes) else piece[1]):
-            self._piece += 1
-            self._at = 0
 
 
 def _view(address: int, size: int, owner: object) -> memoryview:

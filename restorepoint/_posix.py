@@ -32,6 +32,7 @@ __all__ = [
     "fsync_file",
     "huge_buffer",
     "pid_alive",
+    "populate",
     "preempt_signal",
     "process_owner",
     "process_start_time",
@@ -121,6 +122,34 @@ def advise_huge_pages(address: int, length: int) -> None:
     end = (address + length) // huge * huge
     if end > start:
         func(start, end - start, _MADV_HUGEPAGE)
+
+
+_MADV_POPULATE_WRITE = 23
+#: Fresh memory below this many bytes is not worth a system call (``populate``): a few faults.
+POPULATE_MIN = 64 << 10
+#: Whether the kernel refused MADV_POPULATE_WRITE (before Linux 5.14): not asked again.
+_populate_refused = False
+
+
+def populate(address: int, length: int) -> None:
+    """Fault in the fresh memory at ``address`` (``length`` bytes, about to be written whole)
+    in one call, ``madvise(MADV_POPULATE_WRITE)`` on the whole pages inside it, rather than
+    page by page as a copy first writes it: on the 2-core VM of docs/performance.md, 1 GiB of
+    576 KiB tensors filled in 0.39 s against 0.60 s. For memory below HUGE_ADVICE, which huge
+    pages cannot back; nothing below POPULATE_MIN, elsewhere than Linux, or where the kernel
+    does not know the advice (before 5.14): it is advice, and never an error. The call
+    releases the GIL (ctypes)."""
+    global _populate_refused  # noqa: PLW0603 - one flag, set once, read without a lock
+    if length < POPULATE_MIN or _populate_refused:
+        return
+    advise = _madvise()
+    if advise is None:
+        return
+    start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
+    refused = end > start and advise[0](start, end - start, _MADV_POPULATE_WRITE) != 0
+    if refused and ctypes.get_errno() == errno.EINVAL:
+        _populate_refused = True
 
 
 def huge_buffer(size: int) -> memoryview | None:

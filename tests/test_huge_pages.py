@@ -1,7 +1,9 @@
-"""Fresh memory in huge pages (``_posix.advise_huge_pages``, ``_posix.huge_buffer``): the
-advice reaches the kernel for the memory it names, a huge buffer is aligned, exact, writable
-and goes back to the system with its last view, and what is made in such memory (a decoded
-planes chunk, a snapshot's tensors, a pause's copies) is bit for bit what was stored."""
+"""Fresh memory in huge pages (``_posix.advise_huge_pages``, ``_posix.huge_buffer``) or
+faulted in by one call (``_posix.populate``): the advice reaches the kernel for the memory it
+names, a huge buffer is aligned, exact, writable and goes back to the system with its last
+view, a populated range is resident with its bytes unchanged, and what is made in such memory
+(a decoded planes chunk, a snapshot's tensors, a pause's copies) is bit for bit what was
+stored."""
 
 from __future__ import annotations
 
@@ -13,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from restorepoint._posix import HUGE_ADVICE, _madvise, advise_huge_pages, huge_buffer
+from restorepoint import _posix
+from restorepoint._posix import (
+    HUGE_ADVICE,
+    POPULATE_MIN,
+    _madvise,
+    advise_huge_pages,
+    huge_buffer,
+    populate,
+)
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or _madvise() is None,
@@ -93,6 +103,48 @@ def test_the_advice_names_only_the_whole_huge_pages_inside_the_memory() -> None:
     mapping.close()
 
 
+def _resident_kib(address: int) -> int:
+    fields = _mapping(address)
+    assert fields is not None, "no mapping holds the address"
+    return int(fields["Rss"].split()[0])
+
+
+def test_populate_makes_the_whole_pages_inside_resident_and_changes_no_byte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    page = mmap.PAGESIZE
+    size = POPULATE_MIN + 8 * page
+    # A fresh private mapping of its own: nothing of it is resident until it is written.
+    mapping = mmap.mmap(-1, size)
+    view = memoryview(mapping)
+    base = _address(view)
+    view[page : page + 5] = b"kept!"
+    assert _resident_kib(base) == page // 1024
+    # A range that starts inside the first page and ends inside the last one.
+    populate(base + 100, size - 200)
+    if _posix._populate_refused:
+        pytest.skip("this kernel does not know MADV_POPULATE_WRITE (before Linux 5.14)")
+    # The whole pages inside it (the one written before among them), not the first and last
+    # it only touches.
+    assert _resident_kib(base) == (size - 2 * page) // 1024
+    assert bytes(view[page : page + 5]) == b"kept!"
+    assert bytes(view[2 * page : 3 * page]) == bytes(page)
+    view.release()
+    mapping.close()
+
+    # Below POPULATE_MIN: not worth a call, nothing made resident.
+    small = mmap.mmap(-1, POPULATE_MIN)
+    small_view = memoryview(small)
+    populate(_address(small_view), POPULATE_MIN - 1)
+    assert _resident_kib(_address(small_view)) == 0
+    # A kernel that refused it once is not asked again: still no error, nothing done.
+    monkeypatch.setattr(_posix, "_populate_refused", True)
+    populate(_address(small_view), POPULATE_MIN)
+    assert _resident_kib(_address(small_view)) == 0
+    small_view.release()
+    small.close()
+
+
 def test_a_big_held_planes_chunk_decodes_into_a_huge_buffer_bit_for_bit() -> None:
     np = pytest.importorskip("numpy")
     from restorepoint.format import PlanesCodec
@@ -119,6 +171,8 @@ def test_big_tensors_are_made_in_advised_memory_bit_for_bit(tmp_path: Path) -> N
 
     g = torch.Generator().manual_seed(0)
     big = torch.randn(HUGE_ADVICE // 4 + 7, generator=g)
+    # Between POPULATE_MIN and HUGE_ADVICE: populated, not advised.
+    mid = torch.randn(POPULATE_MIN // 4 * 3 + 5, generator=g)
     small = torch.randn(16, generator=g)
     # The pause's copies: a fresh CPU tensor for each, the big one advised.
     copies = Copies()
@@ -127,7 +181,8 @@ def test_big_tensors_are_made_in_advised_memory_bit_for_bit(tmp_path: Path) -> N
     assert torch.equal(into[0], big) and torch.equal(into[1], small)
     assert _advised(into[0].data_ptr() + into[0].numel() * 4 // 2)
     # A snapshot file read back: each tensor made in its own memory, the big one advised.
-    save_state({"big": big, "small": small}, tmp_path / "last.pt", tmp_path)
+    save_state({"big": big, "mid": mid, "small": small}, tmp_path / "last.pt", tmp_path)
     state = read_state(tmp_path / "last.pt")
     assert torch.equal(state["big"], big) and torch.equal(state["small"], small)
+    assert torch.equal(state["mid"], mid)
     assert _advised(state["big"].data_ptr() + big.numel() * 4 // 2)

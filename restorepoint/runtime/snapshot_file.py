@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, cast
 
 import torch
 
-from .._posix import HUGE_ADVICE, advise_huge_pages
+from .._posix import HUGE_ADVICE, advise_huge_pages, populate
 from ..errors import IntegrityError, MissingExtra, UsageError, at_url
 from ..format._json import CanonicalizationError, canonical_dumps, strict_loads
 from ..format.limits import MAX_SAFE_INTEGER
@@ -562,6 +562,9 @@ class _Reader:
             raise _bad(self.path, "its header changed while it was read")
         if size >= HUGE_ADVICE:
             advise_huge_pages(t.data_ptr(), size)
+        else:
+            # Huge pages cannot back it: its pages faulted in by one call, not one by one.
+            populate(t.data_ptr(), size)
         if size:
             view = memoryview((ctypes.c_ubyte * size).from_address(t.data_ptr())).cast("B")
             if self.fill(self.base + begin, view) != size:

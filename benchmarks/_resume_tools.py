@@ -165,6 +165,18 @@ class Store:
         fsspec.config.conf["s3"] = self.options
         self.root = f"s3://{bucket}"
 
+    @classmethod
+    def attach(cls, kind: str, root: str, options: dict[str, Any] | None) -> Store:
+        """The same store, in another process (a resume's own): no server started, nothing
+        cleared by it; an S3 store's endpoint and keys for every s3 filesystem here too."""
+        store = cls.__new__(cls)
+        store.kind, store.root, store.options, store.proc = kind, root, options, None
+        if kind != "local":
+            import fsspec.config
+
+            fsspec.config.conf["s3"] = options
+        return store
+
     def url(self, name: str) -> str:
         return f"{self.root}/{name}"
 

@@ -19,13 +19,16 @@ store, every tool in a seeded shuffled order (ours, a peer, ..., then the next r
   from memory: when that is in place is printed as "last.pt saved".
   restorepoint hashes (sha256 of every byte, recorded in the index) and compresses on the way;
   the peers do neither.
-- **resume**: a fresh start of the same model: from nothing in the run directory to the end
-  of the first compute step (ours: ResumableRun + resume() from the store, the step taken in
-  the run while the import's copy lands in the run directory; the peers: the download,
-  torch.load / dcp.load and load_state_dict).
+- **resume**: in a fresh process, as on the empty machine a preempted job restarts on: it
+  builds the model and its optimizer (no state yet) and imports the tool's library (neither
+  is timed), then from nothing in the run directory to the end of the first compute step
+  (ours: ResumableRun + resume() from the store, the step taken in the run while the import's
+  copy lands in the run directory; the peers: the download, torch.load / dcp.load and
+  load_state_dict). The resumed model is checked against the saved one's digest.
 - **bytes** stored, the **slowdown** of the compute loop while a publish runs in the
-  background, and the **peak RSS** of this process during the save and during the resume (the
-  kernel's high-water mark, reset before each; it includes the model and its optimizer).
+  background, and the **peak RSS** of this process during the save and of the resume's
+  process during the resume (the kernel's high-water mark, reset before each; it includes the
+  model and its optimizer).
 - the mean step's slowdown in the parts that the kernel accounts to the training thread
   (``schedstat``), each in a mean baseline step's time, less what the baseline had of it:
   **waited for a core** (runnable while the background's threads ran on its core) and
@@ -59,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import fs_type
-from _resume_tools import Compute, Cycle, Store, available_tools, load
+from _resume_tools import LIMIT_S, Compute, Cycle, Store, available_tools, load
 
 HINT = "bench_resume.py needs torch, s3fs, moto[server] and boto3: restorepoint[torch,s3,test]"
 TOOLS = ("restorepoint", "torch.save", "dcp.save", "dcp.async_save", "lightning")
@@ -132,16 +135,92 @@ def build_state(size: int, adam_steps: int) -> tuple[Any, Any]:
 # -- the run ----------------------------------------------------------------------------------
 
 
-def snapshot_of(state: Any) -> dict[str, Any]:
-    return {k: v.detach().clone() for k, v in state.items()}
+def state_digest(model: Any) -> str:
+    """The sha256 of the model's state, name by name: equal in two processes only when every
+    tensor is bit for bit the same."""
+    import hashlib
 
-
-def check_resumed(model: Any, reference: dict[str, Any], tool: str) -> None:
     import torch
 
+    h = hashlib.sha256()
     for name, value in model.state_dict().items():
-        if not torch.equal(value, reference[name]):
-            raise RuntimeError(f"{tool}: the resumed model differs from the saved one ({name})")
+        t = value.detach().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+# -- the resume, in a process of its own ------------------------------------------------------
+
+#: What a resume process reports back.
+RESUMED = ("resume_s", "rss_resume", "load_resume")
+#: Each tool's modules, imported before the resume is timed.
+PRELOAD = {
+    "restorepoint": ("restorepoint.torch",),
+    "dcp.save": ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict"),
+    "dcp.async_save": ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict"),
+    "lightning": ("lightning.fabric.plugins.io.torch_io",),
+}
+
+
+def resume_elsewhere(cycle: Cycle, tool: str, tag: str, size: int, digest: str) -> None:
+    """The resume of ``tool``'s checkpoint in a fresh process, as on the empty machine a
+    preempted job restarts on: it builds the model and its optimizer (no state yet), then
+    times the resume to the end of the first step, and checks the resumed model against the
+    saved one's digest. Its start and the model's build are not timed. A fresh process has
+    none of this one's history (memory its allocator kept from earlier tools' rounds, which
+    in one process showed as resume RSS growing round after round)."""
+    spec = {
+        "tool": tool,
+        "tag": tag,
+        "size": size,
+        "kind": cycle.store.kind,
+        "root": cycle.store.root,
+        "options": cycle.store.options,
+        "work": str(cycle.work),
+        "digest": digest,
+    }
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--resume-child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"the resume process failed (exit {proc.returncode}): {tail}")
+    cycle.out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def resume_child(text: str) -> int:
+    """A resume process (``--resume-child SPEC``): one tool's resume, its figures as a JSON
+    line on stdout."""
+    import gc
+
+    import torch
+
+    spec = json.loads(text)
+    torch.set_num_threads(1)
+    # What a training script has imported before it resumes: the tool's own library (its
+    # import is not the resume's time), and s3fs for a store on S3.
+    for module in PRELOAD.get(spec["tool"].split("-")[0], ()):
+        __import__(module)
+    if spec["kind"] != "local":
+        __import__("s3fs")
+    model, optimizer = build_state(spec["size"], 0)
+    compute = Compute()
+    # The math library's own start is not the resume's: the step it times is a warm one.
+    compute.step()
+    store = Store.attach(spec["kind"], spec["root"], spec["options"])
+    cycle = Cycle(model, optimizer, compute, store, Path(spec["work"]))
+    gc.collect()
+    cycle.resume(spec["tool"], spec["tag"])
+    if state_digest(model) != spec["digest"]:
+        print(f"{spec['tool']}: the resumed model differs from the saved one", file=sys.stderr)
+        return 1
+    print(json.dumps({k: cycle.out[k] for k in RESUMED}))
+    return 0
 
 
 def make_room(size: int) -> None:
@@ -162,8 +241,8 @@ def measure_size(
 
     model, optimizer = build_state(size, args.adam_steps)
     compute = Compute()
-    reference = snapshot_of(model.state_dict())
-    state_bytes = sum(t.numel() * t.element_size() for t in reference.values()) * 3
+    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3
+    digest = state_digest(model)
     make_room(state_bytes)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {t: [] for t in tools} for s in stores}
     opened = {kind: Store(kind, workdir) for kind in stores}
@@ -181,8 +260,7 @@ def measure_size(
                     try:
                         cycle.save(tool, tag)
                         gc.collect()
-                        cycle.resume(tool, tag)
-                        check_resumed(model, reference, tool)
+                        resume_elsewhere(cycle, tool, tag, size, digest)
                     except BaseException as exc:  # DCP's CheckpointException is a BaseException
                         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                             raise
@@ -396,6 +474,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--hogs", type=int, default=0, help="other processes keeping a core busy each"
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--resume-child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -415,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print(HINT, file=sys.stderr)
         return 2
+    if args.resume_child is not None:
+        os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+        return resume_child(args.resume_child)
     tools, skipped = available_tools(args.tools.split(","))
     stores = args.stores.split(",")
     previous_threads = torch.get_num_threads()

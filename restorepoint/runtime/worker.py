@@ -13,6 +13,15 @@ competes with a training thread for a core it takes at most about a tenth of tha
 wherever other processes keep every core busy it still gets about a tenth of what each of
 them gets. At nice +19 (weight 15) it got a seventh of that: on a loaded
 machine a 1 GiB publish took minutes (docs/performance.md).
+
+The nice level shares the cores; the GIL is shared by the interpreter's switch interval. A
+thread that wants the GIL while another runs Python waits until the interval (5 ms by
+default) has passed, and the publish's threads run a little Python between their GIL-free
+calls (hashing, compression, writes): the training thread waited for it 6 to 9% of a step
+beside a 1 GiB publish. While it handles a snapshot, the worker lowers the process's switch
+interval to ``SWITCH_INTERVAL`` (where it is higher), and puts the previous one back after,
+unless something else changed it meanwhile: the same publish then cost the training thread
+3 to 6% (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import contextlib
 import logging
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,10 +40,12 @@ from ..format import Position
 
 log = logging.getLogger("restorepoint")
 
-__all__ = ["DEFAULT_NICE", "Snapshot", "SnapshotWorker"]
+__all__ = ["DEFAULT_NICE", "SWITCH_INTERVAL", "Snapshot", "SnapshotWorker"]
 
 #: The background thread's nice levels below the training thread, by default.
 DEFAULT_NICE = 10
+#: The interpreter's switch interval (seconds) while a snapshot is handled, by default.
+SWITCH_INTERVAL = 0.0005
 
 T = TypeVar("T")
 
@@ -61,8 +73,11 @@ class SnapshotWorker(Generic[T]):
         *,
         nice: int | None = DEFAULT_NICE,
         done: Callable[[T], None] | None = None,
+        switch_interval: float | None = SWITCH_INTERVAL,
     ) -> None:
         self._handle = handle
+        #: The switch interval while a snapshot is handled; None: the process's, untouched.
+        self._switch = switch_interval
         #: Called with a snapshot handled when no newer one waits: nothing reads it any more,
         #: and its memory may be reused for the next.
         self._done = done
@@ -133,7 +148,8 @@ class SnapshotWorker(Generic[T]):
             if snap is None:
                 return
             try:
-                self._handle(snap)
+                with switch_interval(self._switch):
+                    self._handle(snap)
             except Exception as exc:
                 # A handler that raised anyway (a bug, or an error it did not expect) must not
                 # end the thread: every later snapshot, and every wait on them, would hang.
@@ -157,3 +173,39 @@ class SnapshotWorker(Generic[T]):
                 self._done(snap)
             except Exception as exc:  # pragma: no cover - a bug; training goes on
                 log.error("releasing a snapshot failed: %s: %s", type(exc).__name__, exc)
+
+
+#: The workers inside ``switch_interval`` now, and the interval to put back when the last one
+#: leaves with the one it set (previous, set), under the lock.
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved: tuple[float, float] | None = None
+
+
+@contextlib.contextmanager
+def switch_interval(seconds: float | None) -> Any:
+    """The interpreter's switch interval at most ``seconds`` while any worker is inside the
+    block (None: as it is); the previous one put back when the last leaves, unless someone
+    else changed it meanwhile (theirs is kept)."""
+    global _switch_users, _switch_saved  # noqa: PLW0603 - one count for the process
+    if seconds is None:
+        yield
+        return
+    with _switch_lock:
+        if _switch_users == 0:
+            previous = sys.getswitchinterval()
+            if seconds < previous:
+                sys.setswitchinterval(seconds)
+                # As the interpreter rounds it.
+                _switch_saved = (previous, sys.getswitchinterval())
+        _switch_users += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0 and _switch_saved is not None:
+                previous, ours = _switch_saved
+                _switch_saved = None
+                if sys.getswitchinterval() == ours:
+                    sys.setswitchinterval(previous)

@@ -34,6 +34,8 @@ def test_bench_resume_runs_at_32m(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout[proc.stdout.index("\n{") :])
+    # What it measured is this checkout, whatever the interpreter has installed.
+    assert doc["env"]["restorepoint"].endswith("(this checkout)")
     (result,) = doc["results"]
     assert result["state_bytes"] >= 30 << 20
     assert result["failures"] == []

@@ -5,7 +5,6 @@ holds, and the process's own put back after, whoever else uses it meanwhile."""
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -59,34 +58,24 @@ def test_put_back_when_the_block_raises() -> None:
     assert sys.getswitchinterval() == pytest.approx(0.005)
 
 
-def test_the_worker_handles_each_snapshot_at_the_lower_interval() -> None:
+def _interval_seen(switch: float | None = SWITCH_INTERVAL) -> float:
+    """The switch interval a worker's handler ran at, for one snapshot."""
     seen: list[float] = []
-    handled = threading.Event()
-
-    def handle(snap: int) -> None:
-        seen.append(sys.getswitchinterval())
-        handled.set()
-
-    worker: SnapshotWorker[int] = SnapshotWorker(handle, nice=None)
+    worker: SnapshotWorker[int] = SnapshotWorker(
+        lambda snap: seen.append(sys.getswitchinterval()), nice=None, switch_interval=switch
+    )
     worker.start()
     try:
         worker.submit(1)
-        assert handled.wait(10)
         assert worker.wait(10)
     finally:
         assert worker.finish(10)
-    assert seen == [pytest.approx(SWITCH_INTERVAL)]
-    assert sys.getswitchinterval() == pytest.approx(0.005)
+    (interval,) = seen
+    return interval
 
+
+def test_the_worker_handles_each_snapshot_at_the_lower_interval() -> None:
+    assert _interval_seen() == pytest.approx(SWITCH_INTERVAL)
+    assert sys.getswitchinterval() == pytest.approx(0.005)
     # switch_interval=None: the process's interval, untouched.
-    seen.clear()
-    handled.clear()
-    untouched: SnapshotWorker[int] = SnapshotWorker(handle, nice=None, switch_interval=None)
-    untouched.start()
-    try:
-        untouched.submit(2)
-        assert handled.wait(10)
-        assert untouched.wait(10)
-    finally:
-        assert untouched.finish(10)
-    assert seen == [pytest.approx(0.005)]
+    assert _interval_seen(None) == pytest.approx(0.005)

@@ -17,11 +17,11 @@ machine a 1 GiB publish took minutes (docs/performance.md).
 The nice level shares the cores; the GIL is shared by the interpreter's switch interval. A
 thread that wants the GIL while another runs Python waits until the interval (5 ms by
 default) has passed, and the publish's threads run a little Python between their GIL-free
-calls (hashing, compression, writes): the training thread waited for it 6 to 9% of a step
-beside a 1 GiB publish. While it handles a snapshot, the worker lowers the process's switch
-interval to ``SWITCH_INTERVAL`` (where it is higher), and puts the previous one back after,
-unless something else changed it meanwhile: the same publish then cost the training thread
-3 to 6% (docs/performance.md).
+calls (hashing, compression, writes): beside a 1 GiB publish the training thread waited for
+it 8.0% of a step (the median of eight rounds). While it handles a snapshot, the worker
+lowers the process's switch interval to ``SWITCH_INTERVAL`` (where it is higher), and puts
+the previous one back after, unless something else changed it meanwhile: the same publish
+then cost the training thread 4.3% (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -91,19 +91,33 @@ _HUGE_PAGE_SIZE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
 
 
 @functools.cache
-def _madvise() -> tuple[Any, int] | None:
+def _libc_madvise() -> Any:
+    """libc's madvise (errno kept), on Linux; None elsewhere."""
     if not sys.platform.startswith("linux"):
+        return None
+    try:
+        func = getattr(ctypes.CDLL(None, use_errno=True), "madvise", None)
+    except OSError:
+        return None
+    if func is not None:
+        func.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        func.restype = ctypes.c_int
+    return func
+
+
+@functools.cache
+def _madvise() -> tuple[Any, int] | None:
+    """madvise and the size of a transparent huge page, where the kernel has them."""
+    func = _libc_madvise()
+    if func is None:
         return None
     try:
         with open(_HUGE_PAGE_SIZE, encoding="ascii") as f:
             huge = int(f.read().strip())
-        func = getattr(ctypes.CDLL(None, use_errno=True), "madvise", None)
     except (OSError, ValueError):
         return None
-    if func is None or huge <= 0 or huge & (huge - 1):
+    if huge <= 0 or huge & (huge - 1):
         return None
-    func.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    func.restype = ctypes.c_int
     return func, huge
 
 
@@ -142,12 +156,12 @@ def populate(address: int, length: int) -> None:
     global _populate_refused  # noqa: PLW0603 - one flag, set once, read without a lock
     if length < POPULATE_MIN or _populate_refused:
         return
-    advise = _madvise()
-    if advise is None:
+    func = _libc_madvise()
+    if func is None:
         return
     start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
     end = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
-    refused = end > start and advise[0](start, end - start, _MADV_POPULATE_WRITE) != 0
+    refused = end > start and func(start, end - start, _MADV_POPULATE_WRITE) != 0
     if refused and ctypes.get_errno() == errno.EINVAL:
         _populate_refused = True
 

@@ -151,19 +151,12 @@ def build_state(size: int, adam_steps: int) -> tuple[Any, Any]:
 # -- the run ----------------------------------------------------------------------------------
 
 
-def state_digest(model: Any) -> str:
-    """The sha256 of the model's state, name by name: equal in two processes only when every
-    tensor is bit for bit the same."""
-    import hashlib
+def state_digest(model: Any) -> str | None:
+    """The model's state digest (the runtime's: equal only when every tensor is bit for bit
+    the same)."""
+    from restorepoint.runtime.state import state_digest as digest
 
-    import torch
-
-    h = hashlib.sha256()
-    for name, value in model.state_dict().items():
-        t = value.detach().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
+    return digest(model.state_dict())
 
 
 # -- the resume, in a process of its own ------------------------------------------------------
@@ -179,7 +172,7 @@ PRELOAD = {
 }
 
 
-def resume_elsewhere(cycle: Cycle, tool: str, tag: str, size: int, digest: str) -> None:
+def resume_elsewhere(cycle: Cycle, tool: str, tag: str, size: int, digest: str | None) -> None:
     """The resume of ``tool``'s checkpoint in a fresh process, as on the empty machine a
     preempted job restarts on: it builds the model and its optimizer (no state yet), then
     times the resume to the end of the first step, and checks the resumed model against the
@@ -232,7 +225,8 @@ def resume_child(text: str) -> int:
     cycle = Cycle(model, optimizer, compute, store, Path(spec["work"]))
     gc.collect()
     cycle.resume(spec["tool"], spec["tag"])
-    if state_digest(model) != spec["digest"]:
+    found = state_digest(model)
+    if found is None or found != spec["digest"]:
         print(f"{spec['tool']}: the resumed model differs from the saved one", file=sys.stderr)
         return 1
     print(json.dumps({k: cycle.out[k] for k in RESUMED}))

@@ -14,7 +14,7 @@ import pytest
 
 from restorepoint.errors import IntegrityError, StorageError
 from restorepoint.format import read_manifest
-from restorepoint.ops import unpack
+from restorepoint.ops import _contents, unpack
 from restorepoint.ops.unpack import import_restore_point
 from restorepoint.storage import resolve
 from tests.ops.test_import import SOURCE_FILES, files_of, leftovers, make_tree, pack
@@ -83,7 +83,7 @@ def test_the_staging_copy_is_written_behind_the_bytes_and_bounded_by_forget(
     """The staging copy is written on a thread of its own (``rp-stage``) from the chunks the
     import keeps: a reader that forgets bytes waits for the writer to be past them (here with
     no lag allowed), the thread ends with ``finish``, and no descriptor is left open."""
-    monkeypatch.setattr(unpack, "WRITE_LAG", 0)
+    monkeypatch.setattr(_contents, "WRITE_LAG", 0)
     fds = _fds()
     out = tmp_path / "out"
     out.mkdir()
@@ -150,7 +150,7 @@ def test_a_write_that_fails_fails_finish_not_the_held_bytes(
         os.symlink(outside / "model.bin", os.path.join(root, "model.bin"))
 
     monkeypatch.setattr(unpack._Tree, "__init__", init)
-    monkeypatch.setattr(unpack, "WRITE_LAG", 0)
+    monkeypatch.setattr(_contents, "WRITE_LAG", 0)
     out = tmp_path / "out"
     out.mkdir()
     fds = _fds()

@@ -226,7 +226,7 @@ def test_the_held_loader_copies_in_steps_across_chunks(
     FILL_THREADS threads, copied by numpy, which releases the GIL, or by slices) and forgets
     each window's bytes: with steps and chunks that cross tensor boundaries everywhere, the
     state is the file's, bit for bit, and every held byte is let go at the end."""
-    from restorepoint.ops import unpack
+    from restorepoint.ops import _contents
     from restorepoint.runtime import held as held_module
 
     store, _ = published(tmp_path)
@@ -235,7 +235,7 @@ def test_the_held_loader_copies_in_steps_across_chunks(
     restorepoint.pack(tmp_path / "c", url, position=restorepoint.Position(3), chunk_size=65536)
     monkeypatch.setattr(held_module, "FILL_STEP", 777)
     monkeypatch.setattr(held_module, "FILL_THREADS", threads)
-    monkeypatch.setattr(unpack, "_NUMPY_COPY", 0 if numpy_copy else 1 << 62)
+    monkeypatch.setattr(_contents, "_NUMPY_COPY", 0 if numpy_copy else 1 << 62)
     if numpy_copy:
         pytest.importorskip("numpy")
     result = import_restore_point(url, tmp_path / "d", in_memory=True)

@@ -33,7 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_pack import ensure_synthetic
+from _common import compile_tree, measured, use_checkout
+
+use_checkout()  # this checkout is what the CLI runs (PYTHONPATH), compiled as an install is
+
+from bench_pack import ensure_synthetic  # noqa: E402
 
 
 def cli() -> list[str]:
@@ -85,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "sha256sum": lambda: timed(["sha256sum", str(rp)], name="sha256sum"),
     }  # fmt: skip
     if args.baseline is not None:
+        compile_tree(args.baseline)
         path = [str(args.baseline.resolve()), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         base_rp = out / "base.rp"
@@ -130,12 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"baseline: pack / tar pipeline {base_pack_ratio:.2f}, verify {base_verify:.2f}x")
     sizes = {"source": total, "restore point": rp.stat().st_size, "tar.zst": tar.stat().st_size}
     shutil.rmtree(out, ignore_errors=True)
-    print(f"source {total / (1 << 30):.2f} GiB; sizes {sizes}")
+    print(f"source {total / (1 << 30):.2f} GiB; sizes {sizes}; restorepoint {measured()}")
     print(f"pack / (tar | zstd -1 -T0 + sha256sum): {pack_ratio:.2f} (goal <= 0.5)")
     print(f"verify speed / sha256sum: {verify_speed:.2f}x (goal >= 2.0x)")
     if args.json:
         doc = {"rounds": rounds, "pack_ratio": pack_ratio, "verify_speed": verify_speed, "cpu": cpu}
-        print(json.dumps({**doc, "sizes": sizes}, indent=1))
+        print(json.dumps({**doc, "sizes": sizes, "restorepoint": measured()}, indent=1))
     return 0
 
 

@@ -43,7 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import fs_type
+from _common import fs_type, use_checkout
+
+# This checkout is what is measured, in process and by the CLI's processes (PYTHONPATH).
+use_checkout()
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -200,7 +203,8 @@ def run_checked(args: list[str], ok: tuple[int, ...] = (0,)) -> None:
 
 
 def cli_command() -> list[str]:
-    """The console script as a user runs it: the one installed beside this interpreter."""
+    """The console script as a user runs it: the one installed beside this interpreter (it
+    imports this checkout's package, which is first on PYTHONPATH)."""
     script = Path(sys.executable).parent / "restorepoint"
     if script.is_file():
         return [str(script)]

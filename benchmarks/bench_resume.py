@@ -61,16 +61,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _common import fs_type, measured, use_checkout
+
 # The checkout this script is in is what it measures (and its resume processes, which inherit
 # the path), not whichever restorepoint the interpreter has installed.
-ROOT = str(Path(__file__).resolve().parent.parent)
-if ROOT not in sys.path:
-    sys.path.insert(1, ROOT)
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [ROOT, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != ROOT)]
-)
+use_checkout()
 
-from _common import fs_type  # noqa: E402 - after the checkout is on the path
 from _resume_tools import (  # noqa: E402
     LIMIT_S,
     Compute,
@@ -493,14 +489,6 @@ def start_hogs(n: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(0, n))]
 
 
-def _measured() -> str:
-    """Which restorepoint was measured: its version, and whether it is this checkout's."""
-    import restorepoint
-
-    where = Path(restorepoint.__file__).resolve().parent.parent
-    return f"{restorepoint.__version__} ({'this checkout' if str(where) == ROOT else 'installed'})"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import warnings
@@ -556,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "workdir_fs": fs_type(workdir),
         "moto": "a server process of its own on 127.0.0.1",
-        "restorepoint": _measured(),
+        "restorepoint": measured(),
     }
     for note in notes:
         print(f"note: {note}")

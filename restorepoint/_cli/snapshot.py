@@ -30,7 +30,7 @@ def snapshot_command(
     line, nothing sent otherwise)."""
 
     def body() -> None:
-        from ..runtime.contract import SnapshotTarget, request_snapshot
+        from ..runtime.snapshot_request import SnapshotTarget, request_snapshot
 
         if (run_dir is None) == (pid is None):
             raise UsageError("give a run directory or --pid, one of them")

@@ -41,7 +41,7 @@ def send_signal(pid: int, signum: int) -> None:
     signal that stops it) through the one guarded request (``runtime.contract
     .request_snapshot``): nothing is sent to a process that is gone (NotFound, exit 4), not
     this user's, or that does not catch the signal and would die of it (UsageError, exit 2)."""
-    from ..runtime.contract import SnapshotTarget, request_snapshot
+    from ..runtime.snapshot_request import SnapshotTarget, request_snapshot
 
     request_snapshot(SnapshotTarget(pid, int(signum), allowed=frozenset({int(signum)})))
 

@@ -63,11 +63,10 @@ from ..runtime.contract import (
     STOP_DIR_ENV,
     STORE_ENV,
     Ready,
-    SnapshotTarget,
     ended_by_refusal,
     read_ready,
-    request_snapshot,
 )
+from ..runtime.snapshot_request import SnapshotTarget, request_snapshot
 from ..trust import Trust, load_signing_key
 from .external import ExternalLoop
 from .notices import NoticeSteps

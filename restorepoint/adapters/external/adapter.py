@@ -443,7 +443,7 @@ class ExternalAdapter:
             return
         # The one way a snapshot request is sent (runtime.contract): alive, this user's, and
         # catching the signal in /proc (an uncaught SIGUSR1 kills), or nothing is sent.
-        from ...runtime.contract import SnapshotTarget, request_snapshot
+        from ...runtime.snapshot_request import SnapshotTarget, request_snapshot
 
         sig = p.snapshot_signal
         try:

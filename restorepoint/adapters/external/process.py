@@ -199,7 +199,7 @@ class TrainerProcess:
     def _send_request(self) -> None:
         # The one way a snapshot request is sent (runtime.contract): the SigCgt check, on the
         # very process signalled.
-        from ...runtime.contract import SnapshotTarget, request_snapshot
+        from ...runtime.snapshot_request import SnapshotTarget, request_snapshot
 
         sig = self.profile.snapshot_signal
         request_snapshot(SnapshotTarget(self.pid, sig, allowed=frozenset({sig})))

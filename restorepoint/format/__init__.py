@@ -21,17 +21,13 @@ from .identity import ConfigDifference, config_identity, diff_configs, identity_
 from .layout import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION, MAGIC
 from .manifest import (
     KNOWN_FEATURES,
-    MULTIPART_FEATURE,
-    MULTIPART_VERSION,
     Entry,
     Manifest,
-    PartOf,
-    PartRef,
-    Parts,
     Position,
     Producer,
     Trainer,
 )
+from .multipart import MULTIPART_FEATURE, MULTIPART_VERSION, PartOf, PartRef, Parts
 from .paths import check_path, check_paths, fold
 from .reader import (
     BaseRegion,

@@ -31,7 +31,7 @@ from restorepoint.format import (
 from restorepoint.format.delta import DELTA_FEATURE, DELTA_VERSION
 from restorepoint.format.layout import END_MAGIC, FOOTER
 from restorepoint.format.limits import zstd_bound
-from restorepoint.format.manifest import MULTIPART_FEATURE, MULTIPART_VERSION
+from restorepoint.format.multipart import MULTIPART_FEATURE, MULTIPART_VERSION
 from restorepoint.ops._increment import plan_from
 
 CHAINS = "chains"

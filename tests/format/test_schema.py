@@ -33,12 +33,8 @@ from restorepoint.format import (
     restore_point_digest,
 )
 from restorepoint.format.delta import DELTA_FEATURE
-from restorepoint.format.manifest import (
-    ENCRYPTION_SCHEMES,
-    KNOWN_FEATURES,
-    MAX_WORLD_SIZE,
-    MULTIPART_FEATURE,
-)
+from restorepoint.format.manifest import ENCRYPTION_SCHEMES, KNOWN_FEATURES
+from restorepoint.format.multipart import MAX_WORLD_SIZE, MULTIPART_FEATURE
 from restorepoint.testing.forge import Parts, assemble, sample_head
 from restorepoint.trust import (
     FEATURE,

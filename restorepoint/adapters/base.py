@@ -38,7 +38,7 @@ ENTRY_POINT_GROUP = "restorepoint.adapters"
 
 def send_signal(pid: int, signum: int) -> None:
     """Send a running trainer its adapter's signal (a snapshot request, or the preemption
-    signal that stops it) through the one guarded request (``runtime.contract
+    signal that stops it) through the one guarded request (``runtime.snapshot_request
     .request_snapshot``): nothing is sent to a process that is gone (NotFound, exit 4), not
     this user's, or that does not catch the signal and would die of it (UsageError, exit 2)."""
     from ..runtime.snapshot_request import SnapshotTarget, request_snapshot

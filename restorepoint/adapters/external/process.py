@@ -197,8 +197,8 @@ class TrainerProcess:
         self._send_request()
 
     def _send_request(self) -> None:
-        # The one way a snapshot request is sent (runtime.contract): the SigCgt check, on the
-        # very process signalled.
+        # The one way a snapshot request is sent (runtime.snapshot_request): the SigCgt
+        # check, on the very process signalled.
         from ...runtime.snapshot_request import SnapshotTarget, request_snapshot
 
         sig = self.profile.snapshot_signal

@@ -126,13 +126,14 @@ def resume_import(  # noqa: PLR0913 - the one gated import's keyword options
     rank: int | None = None,
     world_size: int | None = None,
     in_memory: bool = False,
+    copy: bool = True,
 ) -> ImportResult:
     """Import ``url`` into ``dest`` for a resume: the strict gate against ``views`` (except
     the ``defer``red fields, which the trainer itself compares), under the trust policy, then
     the import's usual verification; a refusal writes nothing. ``rank`` and ``world_size``:
     a multi-part restore point's shared part and that rank's, on a world it was made by
     (spec 25.4). ``in_memory``: the verified files are held too, and the copy in ``dest``
-    lands on ``finish()`` (``import_restore_point``)."""
+    lands on ``finish()``, or with ``copy=False`` is not made (``import_restore_point``)."""
     return import_restore_point(
         url,
         dest,
@@ -148,6 +149,7 @@ def resume_import(  # noqa: PLR0913 - the one gated import's keyword options
         rank=rank,
         world_size=world_size,
         in_memory=in_memory,
+        copy=copy,
     )
 
 

@@ -140,6 +140,7 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
     rank: int | None = None,
     world_size: int | None = None,
     in_memory: bool = False,
+    copy: bool = True,
 ) -> ImportResult:
     """Import the restore point at ``url`` into the local directory ``dest``.
 
@@ -147,6 +148,8 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
     and return before the copy in ``dest`` is made durable and moved into place, which the
     caller does with ``ImportResult.finish()`` (or ``discard()``). The payload must fit in
     the memory available too (StorageError, exit 4, before anything is written).
+    ``copy=False`` (with ``in_memory``): the bytes are only kept, and nothing is written;
+    DEST is neither checked nor made (``files`` is empty, ``finish`` does nothing).
 
     A multi-part restore point (spec section 25) is imported whole, every part's files in one
     tree, or with ``rank`` only the shared part and that rank's. ``world_size`` is the world
@@ -179,7 +182,9 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
             if not result.compatible:
                 raise refuse(result)
             _check_world(location.url, head.manifest, rank, world_size)
-            replacing = _check_destination(target, force)
+            # Kept only: nothing is written, so DEST is not the import's business.
+            keep_only = in_memory and not copy
+            replacing = False if keep_only else _check_destination(target, force)
             # The head the gate decided on, not a second read of it (section 18, U3).
             opened = open_manifest(reader, trust, need_key=True, gated=gated)
             head, manifest = opened.head, opened.manifest
@@ -197,14 +202,21 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
                         location, manifest, None if whole else rank, trust, readers
                     )
                 total = sum(m.total_size for m, *_ in sources)
-                _check_space(target, total, sum(m.file_count for m, *_ in sources))
+                if not keep_only:
+                    _check_space(target, total, sum(m.file_count for m, *_ in sources))
                 if in_memory:
                     _check_memory(target, total)
                 if on_start is not None:
                     on_start(total)
-                _clean_leftovers(target)
                 kept: dict[str, Contents] | None = {} if in_memory else None
-                files, staged = _unpack(sources, target, replacing, threads, progress, kept)
+                files: list[str] = []
+                staged: Staged | None = None
+                if keep_only:
+                    assert kept is not None
+                    _keep(sources, threads, progress, kept)
+                else:
+                    _clean_leftovers(target)
+                    files, staged = _unpack(sources, target, replacing, threads, progress, kept)
             finally:
                 for other in readers[1:]:
                     other.close()
@@ -401,6 +413,28 @@ def _unpack(  # noqa: PLR0913, PLR0917 - steps U6-U9, from import_restore_point
     )
 
 
+def _keep(
+    sources: Sequence[_Source],
+    threads: int | None,
+    progress: Callable[[int], None] | None,
+    kept: dict[str, Contents],
+) -> None:
+    """Step U7 of an import in memory that makes no copy: every source's files decoded and
+    verified into ``kept``, nothing written (no staging tree, so U5, U8 and U9 have nothing to
+    do)."""
+    entries = [e for manifest, *_ in sources for e in manifest.payload or ()]
+    for entry in entries:
+        check_path(entry.path)
+    check_paths(sorted((e.path for e in entries), key=lambda p: p.encode()))
+    sink = _NoCopy()
+    for manifest, reader, data_start, cipher, bases in sources:
+        stream = reader.open_stream(data_start)
+        try:
+            _write_files(manifest, stream, sink, threads, progress, cipher, bases, kept)
+        finally:
+            stream.close()
+
+
 def _stage(  # noqa: PLR0913, PLR0917 - step U7 (and U8 on disk), from _unpack
     sources: Sequence[_Source],
     staging: str,
@@ -450,7 +484,7 @@ def _stage(  # noqa: PLR0913, PLR0917 - step U7 (and U8 on disk), from _unpack
 def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_restore_point
     manifest: Manifest,
     stream: Any,
-    sink: _Direct | StagingWriter,
+    sink: _Direct | StagingWriter | _NoCopy,
     threads: int | None,
     progress: Callable[[int], None] | None,
     cipher: ChunkCipher | None,
@@ -487,12 +521,27 @@ def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_re
             progress(len(chunk))
 
 
-def _create(sink: _Direct | StagingWriter, path: str, kept: dict[str, Contents] | None) -> None:
+def _create(
+    sink: _Direct | StagingWriter | _NoCopy, path: str, kept: dict[str, Contents] | None
+) -> None:
     """The file ``path`` created in the staging tree (and its bytes' place in ``kept``)."""
     index = sink.open(path)
     if kept is not None:
-        assert isinstance(sink, StagingWriter)
-        kept[path] = Contents(sink, index)
+        assert not isinstance(sink, _Direct)
+        kept[path] = Contents(sink if isinstance(sink, StagingWriter) else None, index)
+
+
+class _NoCopy:
+    """U7's sink of an import in memory that makes no copy: nothing is written."""
+
+    def open(self, path: str) -> int:
+        return -1
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        pass
+
+    def close_file(self) -> None:
+        pass
 
 
 class _Direct:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from ..ops.resume import choose, read_head_file, resume_import
 from ..ops.resumed import ResumeMarker
 from ..ops.store import _store
 from ..ops.unpack import ImportResult
+from ..storage import LocalLocation, resolve
 from .contract import RESUME_DIR_ENV, RESUME_HEAD_ENV, RESUME_URL_ENV
 from .held import Held
 
@@ -78,7 +80,9 @@ def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str, Landi
     """The store's newest restore point of this run, imported, when it is further on than the
     run directory's snapshot. Imported in memory (an import's in-memory sink): its files are
     verified and held, and the run loads them from there (the ``Landing``) while their copy
-    in the run directory, for a later resume here, is moved into place afterwards."""
+    in the run directory, for a later resume here, is moved into place afterwards. A store
+    that is a local path (a disk of this machine, or a file system it shares) is as near as
+    the copy would be: no copy is made, and a later resume imports from the store again."""
     if run.store is None:
         return None
     storage = run.options.storage_options
@@ -110,8 +114,9 @@ def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str, Landi
     dest = run.run_dir / "imports" / name
     landing = None
     if not dest.exists():
-        try:
-            result = resume_import(
+
+        def gated_import(in_memory: bool, copy: bool = True) -> ImportResult:
+            return resume_import(
                 entry.url,
                 dest,
                 views=[view],
@@ -120,15 +125,22 @@ def store_snapshot(run: ResumableRun, local_step: int) -> tuple[Path, str, Landi
                 hints=RUNTIME_HINTS,
                 rank=rank if world > 1 else None,
                 world_size=world,
-                in_memory=True,
+                in_memory=in_memory,
+                copy=copy,
             )
+
+        copy = not isinstance(resolve(entry.url, storage), LocalLocation)
+        try:
+            result = gated_import(True, copy)
         except RestorePointError:
             # Ranks sharing the run directory import at once; the import is renamed into
             # place whole, so one that is there is the winner's.
             if not dest.exists():
                 raise
         else:
-            landing = Landing(result)
+            # Without a copy, files are made only when the held bytes cannot be loaded as
+            # they are (an older release's pickle, which is read from a file).
+            landing = Landing(result, None if copy else lambda: gated_import(False))
     if run.is_main:
         mark(run, entry.name)
     return dest / run.publisher.rank_file(), "store", landing
@@ -141,8 +153,12 @@ class Landing:
     it, ``discard`` drops it. A copy that cannot be moved into place costs only a later
     resume here its shortcut (it imports from the store again)."""
 
-    def __init__(self, result: ImportResult) -> None:
+    def __init__(
+        self, result: ImportResult, to_disk: Callable[[], ImportResult] | None = None
+    ) -> None:
         self.result = result
+        #: An import that made no copy: how to make the files after all (``land``).
+        self._to_disk = to_disk
         dest = Path(result.dest)
         contents = result.contents or {}
         self.held: dict[Path, Held] = {
@@ -151,7 +167,18 @@ class Landing:
         self._thread: threading.Thread | None = None
 
     def land(self) -> None:
-        """Move the copy into place now, on this thread."""
+        """Move the copy into place now, on this thread (an import that made none: import the
+        files now)."""
+        if self._to_disk is not None:
+            to_disk, self._to_disk = self._to_disk, None
+            try:
+                self.result = to_disk()
+            except RestorePointError:
+                # The resume needs these files: a failure is the resume's, unless another
+                # rank's import (the same restore point) is in place.
+                if not Path(self.result.dest).exists():
+                    raise
+            return
         try:
             self.result.finish()
         except RestorePointError as exc:
@@ -162,6 +189,8 @@ class Landing:
 
     def start(self) -> None:
         self.held = {}
+        if self._to_disk is not None:
+            return  # no copy to land: the store is as near
         self._thread = threading.Thread(target=self.land, name="rp-land", daemon=True)
         self._thread.start()
 

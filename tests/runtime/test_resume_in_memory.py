@@ -1,8 +1,9 @@
 """A ResumableRun resuming from its store loads the restore point straight from the import's
 verified bytes in memory (no copy written, synced and read back first), and its copy lands in
-the run directory afterwards: the state is bit for bit the one a resume from that copy on disk
-loads, a corrupted chunk is refused before any tensor is loaded (one line, exit 1, under
-``restorepoint run``), and the copy in the run directory is complete and verifies."""
+the run directory afterwards (from a store that is not a local path; from a local path none is
+made): the state is bit for bit the one a resume from that copy on disk loads, a corrupted
+chunk is refused before any tensor is loaded (one line, exit 1, under ``restorepoint run``),
+and the copy in the run directory is complete and verifies."""
 
 from __future__ import annotations
 
@@ -111,8 +112,22 @@ def the_restore_point(store: str) -> Path:
     return rp
 
 
+def remote_copy(store: str, tmp_path: Path) -> str:
+    """The same store in fsspec's memory file system: a store that is not a local path, as
+    an object store is not (a resume from it keeps a copy in the run directory)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    url = f"memory://{tmp_path.name}-{random.randrange(1 << 30)}/store/"
+    for path in Path(store).rglob("*"):
+        if path.is_file():
+            fs.pipe(url + path.relative_to(store).as_posix(), path.read_bytes())
+    return url
+
+
 def test_in_memory_equals_on_disk_and_the_copy_lands_complete(tmp_path: Path) -> None:
-    store, saved = published(tmp_path)
+    local, saved = published(tmp_path)
+    store = remote_copy(local, tmp_path)
     run_dir = tmp_path / "b"
     # From the store, in memory: the state the snapshot took, bit for bit.
     model, optimizer = model_and_optimizer(1)
@@ -126,7 +141,7 @@ def test_in_memory_equals_on_disk_and_the_copy_lands_complete(tmp_path: Path) ->
 
     # The copy in the run directory: every file of the restore point, each with its sha256,
     # moved into place whole (no staging directory left beside it).
-    rp = the_restore_point(store)
+    rp = the_restore_point(local)
     manifest = manifest_of(rp)
     imports = run_dir / "imports"
     (landed,) = [p for p in imports.iterdir()]
@@ -159,6 +174,68 @@ def test_in_memory_equals_on_disk_and_the_copy_lands_complete(tmp_path: Path) ->
     finally:
         result.finish()
     assert same(from_memory, load_state(tmp_path / "c" / "last.pt"))
+
+
+def test_from_a_local_store_no_copy_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that is a local path is as near as a copy would be: the resume loads the held
+    bytes and writes nothing (no imports/, no staging directory); a later resume in the same
+    run directory imports from the store again, to the same state. Where the held bytes
+    cannot be loaded as they are (an older release's pickle), the restore point is imported
+    to disk then, through the same gate, and loaded from there."""
+    store, saved = published(tmp_path)
+    run_dir = tmp_path / "b"
+    for _ in range(2):
+        model, optimizer = model_and_optimizer(1)
+        with ResumableRun(CONFIG, run_dir=run_dir, store=store, **QUICK) as run:
+            run.track(model=model, optimizer=optimizer)
+            run.resume()
+            assert run.step == 3
+            assert run._landing is not None  # from the store's bytes in memory, each time
+        assert same(_clone(state_of(model, optimizer)), saved)
+        assert not (run_dir / "imports").exists()
+        assert [p.name for p in run_dir.iterdir() if ".rp-import-" in p.name] == []
+        (run_dir / "run_status.json").unlink()  # a crash: the run is not done
+
+    # The held bytes refused as they are: the files are made, gated, and loaded.
+    from restorepoint.runtime import state as state_module
+
+    monkeypatch.setattr(state_module, "is_snapshot_head", lambda head: False)
+    model, optimizer = model_and_optimizer(2)
+    with ResumableRun(CONFIG, run_dir=run_dir, store=store, **QUICK) as run:
+        run.track(model=model, optimizer=optimizer)
+        run.resume()
+        assert run.step == 3
+    assert same(_clone(state_of(model, optimizer)), saved)
+    (landed,) = (run_dir / "imports").iterdir()
+    assert landed.name == the_restore_point(store).name.removesuffix(".rp")
+    assert (landed / "last.pt").is_file()
+
+
+def test_an_import_kept_in_memory_without_a_copy_writes_nothing(tmp_path: Path) -> None:
+    """``copy=False``: the bytes are held and verified as with a copy, and nothing is written;
+    DEST is not checked (a file there stays as it is) and ``finish`` does nothing."""
+    store, _ = published(tmp_path)
+    rp = the_restore_point(store)
+    dest = tmp_path / "not-a-directory"
+    dest.write_text("left alone")
+    result = import_restore_point(str(rp), dest, in_memory=True, copy=False)
+    assert result.files == []
+    assert result.contents is not None
+    held = {Path(result.dest) / p: c for p, c in result.contents.items()}
+    from_memory = load_state(Path(result.dest) / "last.pt", held=held)
+    result.finish()
+    result.discard()
+    assert dest.read_text() == "left alone"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "not-a-directory", "store"]
+    import_restore_point(str(rp), tmp_path / "c")
+    assert same(from_memory, load_state(tmp_path / "c" / "last.pt"))
+    # A corrupted chunk: refused as with a copy, and still nothing written.
+    corrupt(rp)
+    with pytest.raises(IntegrityError):
+        import_restore_point(str(rp), tmp_path / "d", in_memory=True, copy=False)
+    assert not (tmp_path / "d").exists()
 
 
 def corrupt(rp: Path) -> None:

@@ -42,6 +42,7 @@ from ..errors import (
 from ..format import (
     Bases,
     ChunkCipher,
+    Entry,
     Manifest,
     PayloadDecoder,
     check_path,
@@ -376,12 +377,7 @@ def _unpack(  # noqa: PLR0913, PLR0917 - steps U6-U9, from import_restore_point
     """Steps U6-U9: every source's files (one object's, or a commit's parts') into one
     staging tree, then into place; with ``kept`` (an import in memory), every file's bytes
     kept there too, and U8-U9 left to the ``Staged`` returned."""
-    entries = [e for manifest, *_ in sources for e in manifest.payload or ()]
-    # The path rules again, on exactly what will be written (defence in depth: the reader
-    # checked them too).
-    for entry in entries:
-        check_path(entry.path)
-    check_paths(sorted((e.path for e in entries), key=lambda p: p.encode()))
+    entries = _checked_entries(sources)
     parent = os.path.dirname(target)
     try:
         os.makedirs(parent, exist_ok=True)
@@ -422,11 +418,28 @@ def _keep(
     """Step U7 of an import in memory that makes no copy: every source's files decoded and
     verified into ``kept``, nothing written (no staging tree, so U5, U8 and U9 have nothing to
     do)."""
+    _checked_entries(sources)
+    _decode_all(sources, _NoCopy(), threads, progress, kept)
+
+
+def _checked_entries(sources: Sequence[_Source]) -> list[Entry]:
+    """Every source's entries, their paths checked again on exactly what will be unpacked
+    (defence in depth: the reader checked them too)."""
     entries = [e for manifest, *_ in sources for e in manifest.payload or ()]
     for entry in entries:
         check_path(entry.path)
     check_paths(sorted((e.path for e in entries), key=lambda p: p.encode()))
-    sink = _NoCopy()
+    return entries
+
+
+def _decode_all(
+    sources: Sequence[_Source],
+    sink: _Direct | StagingWriter | _NoCopy,
+    threads: int | None,
+    progress: Callable[[int], None] | None,
+    kept: dict[str, Contents] | None,
+) -> None:
+    """Step U7 over every source, in order, into ``sink`` (and ``kept``)."""
     for manifest, reader, data_start, cipher, bases in sources:
         stream = reader.open_stream(data_start)
         try:
@@ -458,12 +471,7 @@ def _stage(  # noqa: PLR0913, PLR0917 - step U7 (and U8 on disk), from _unpack
         tree.close()
         raise
     try:
-        for manifest, reader, data_start, cipher, bases in sources:
-            stream = reader.open_stream(data_start)
-            try:
-                _write_files(manifest, stream, sink, threads, progress, cipher, bases, kept)
-            finally:
-                stream.close()
+        _decode_all(sources, sink, threads, progress, kept)
         if isinstance(sink, StagingWriter):
             sink.close()
             return sink

@@ -6,16 +6,11 @@ again)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from _servers.s3 import s3_unavailable
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchrun import run_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -26,14 +21,10 @@ def test_bench_incremental_runs_tiny(tmp_path: Path) -> None:
     reason = s3_unavailable()
     if reason:
         pytest.skip(reason)
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/bench_incremental.py", "--model", "tiny", "--points", "3",
-         "--workdir", str(tmp_path / "work"), "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    doc, output = run_bench(
+        "bench_incremental.py", "--model", "tiny", "--points", "3",
+        "--workdir", str(tmp_path / "work"),
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout[proc.stdout.index("\n{\n") :])
     results = {(r["store"], r["case"], r["mode"]): r for r in doc["results"]}
     cases = ("frozen", "frozen-sgd", "full", "lora")
     modes = ("full", "incremental")
@@ -55,4 +46,4 @@ def test_bench_incremental_runs_tiny(tmp_path: Path) -> None:
     assert {(r["store"], r["case"]) for r in doc["ratios"]} == {
         (s, c) for s in ("local", "s3") for c in cases
     }
-    assert "incremental / full" in proc.stdout
+    assert "incremental / full" in output

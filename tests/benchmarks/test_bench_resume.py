@@ -5,16 +5,11 @@ figure. No figure is asserted on."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from _servers.s3 import s3_unavailable
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchrun import run_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -26,14 +21,10 @@ def test_bench_resume_runs_at_32m(tmp_path: Path) -> None:
     if reason:
         pytest.skip(reason)
     plot = tmp_path / "plot.png"
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/bench_resume.py", "--size", "32M", "--repeat", "1",
-         "--workdir", str(tmp_path / "work"), "--plot", str(plot), "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    doc, output = run_bench(
+        "bench_resume.py", "--size", "32M", "--repeat", "1",
+        "--workdir", str(tmp_path / "work"), "--plot", str(plot),
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout[proc.stdout.index("\n{") :])
     # What it measured is this checkout, whatever the interpreter has installed.
     assert doc["env"]["restorepoint"].endswith("(this checkout)")
     (result,) = doc["results"]
@@ -54,7 +45,7 @@ def test_bench_resume_runs_at_32m(tmp_path: Path) -> None:
                 if figures["slowdown"] is not None:
                     assert figures["waited_core"] is not None
                     assert figures["waited_blocked"] is not None
-        assert f"{kind} store" in proc.stdout
-    assert "snapshot -> published" in proc.stdout
+        assert f"{kind} store" in output
+    assert "snapshot -> published" in output
     # The test extra has matplotlib: the plot of every figure against the size is drawn.
-    assert plot.stat().st_size > 0 and f"plot written to {plot}" in proc.stdout
+    assert plot.stat().st_size > 0 and f"plot written to {plot}" in output

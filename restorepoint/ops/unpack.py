@@ -17,7 +17,8 @@ An import ``in_memory`` keeps every file's verified plain bytes as well (``Conte
 decoded chunks, no copy to join them) and leaves step 5 to ``ImportResult.finish``: a caller
 that loads the bytes (the runtime's resume) has them as soon as every file verified, without
 waiting for the fsyncs or reading the files back, and moves the copy into place afterwards, on
-any thread.
+any thread. With ``copy=False`` it makes no copy at all: nothing is written anywhere (the
+runtime's resume from a store that is a local path).
 """
 
 from __future__ import annotations
@@ -169,6 +170,8 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
     (exit 2) when DEST is not empty and ``force`` is not set, an IntegrityError (exit 1) when
     the restore point is not sound, a StorageError (exit 4) when it cannot be read or DEST has
     no room. In every one of these cases DEST is as it was."""
+    if not copy and not in_memory:
+        raise UsageError("an import that makes no copy must keep the bytes in memory")
     started = time.perf_counter()
     location = resolve(url, storage_options)
     target = os.path.abspath(os.fspath(dest))
@@ -210,11 +213,9 @@ def import_restore_point(  # noqa: PLR0913 - public API: the import's keyword op
                 if on_start is not None:
                     on_start(total)
                 kept: dict[str, Contents] | None = {} if in_memory else None
-                files: list[str] = []
-                staged: Staged | None = None
                 if keep_only:
                     assert kept is not None
-                    _keep(sources, threads, progress, kept)
+                    files, staged = _keep(sources, threads, progress, kept)
                 else:
                     _clean_leftovers(target)
                     files, staged = _unpack(sources, target, replacing, threads, progress, kept)
@@ -414,12 +415,13 @@ def _keep(
     threads: int | None,
     progress: Callable[[int], None] | None,
     kept: dict[str, Contents],
-) -> None:
+) -> tuple[list[str], None]:
     """Step U7 of an import in memory that makes no copy: every source's files decoded and
     verified into ``kept``, nothing written (no staging tree, so U5, U8 and U9 have nothing to
-    do)."""
+    do). Returns what ``_unpack`` does: no file, nothing staged."""
     _checked_entries(sources)
     _decode_all(sources, _NoCopy(), threads, progress, kept)
+    return [], None
 
 
 def _checked_entries(sources: Sequence[_Source]) -> list[Entry]:

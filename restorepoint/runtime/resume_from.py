@@ -151,7 +151,9 @@ class Landing:
     verified bytes by the path it will have; ``start`` moves the copy into place on a thread
     of its own (fsync and rename: the first step need not wait for them), ``join`` waits for
     it, ``discard`` drops it. A copy that cannot be moved into place costs only a later
-    resume here its shortcut (it imports from the store again)."""
+    resume here its shortcut (it imports from the store again). An import from a local store
+    makes no copy (``to_disk`` given): ``start`` has nothing to move, and ``land`` (files
+    needed after all) imports to disk then."""
 
     def __init__(
         self, result: ImportResult, to_disk: Callable[[], ImportResult] | None = None

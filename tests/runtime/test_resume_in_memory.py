@@ -21,7 +21,7 @@ from clirun import cli
 from crafted import RUN, clean_env, pack_demo, preempted_checkpoint, trainer_command
 
 import restorepoint
-from restorepoint.errors import IntegrityError
+from restorepoint.errors import IntegrityError, UsageError
 from restorepoint.format import read_manifest
 from restorepoint.ops.unpack import import_restore_point
 from restorepoint.runtime.state import load_state
@@ -231,6 +231,9 @@ def test_an_import_kept_in_memory_without_a_copy_writes_nothing(tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "not-a-directory", "store"]
     import_restore_point(str(rp), tmp_path / "c")
     assert same(from_memory, load_state(tmp_path / "c" / "last.pt"))
+    # No copy and no bytes kept would be no import at all: refused, nothing read.
+    with pytest.raises(UsageError, match="in memory"):
+        import_restore_point(str(rp), tmp_path / "e", copy=False)
     # A corrupted chunk: refused as with a copy, and still nothing written.
     corrupt(rp)
     with pytest.raises(IntegrityError):

@@ -16,6 +16,7 @@ from .codecs import (
     codec_from_dict,
     register_codec,
 )
+from .decoder import PayloadDecoder
 from .delta import DELTA_FEATURE
 from .identity import ConfigDifference, config_identity, diff_configs, identity_view
 from .layout import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION, MAGIC
@@ -34,7 +35,6 @@ from .reader import (
     Bases,
     ChunkCipher,
     Head,
-    PayloadDecoder,
     Prefix,
     RangeSource,
     Tail,

@@ -33,6 +33,7 @@ __all__ = [
     "PlanesCodec",
     "ZstdCodec",
     "codec_from_dict",
+    "decode_into",
     "encode_raw_parts",
     "register_codec",
 ]
@@ -312,12 +313,36 @@ def _planes_parts(plain: bytes, width: int, candidates: int) -> list[bytes | mem
     return parts
 
 
+def decode_into(codec: Any, stored: bytes, plain_length: int, into: memoryview) -> Decoded:
+    """One stored chunk decoded into ``into`` (writable, exactly ``plain_length`` bytes: its
+    place in a buffer of its file's bytes), returned as a read-only view of it. A planes chunk
+    is merged there straight (the merge is its one copy); any other chunk is decoded, then
+    copied there."""
+    if isinstance(codec, PlanesCodec):
+        return decode_planes(stored, plain_length, into=into)
+    return place(into, codec.decode(stored, plain_length))
+
+
+def place(into: memoryview, data: Decoded) -> memoryview:
+    """``data`` copied into ``into`` (as long), as a read-only view: numpy's copy, which
+    releases the GIL, where the process has numpy and the chunk is not small."""
+    if len(data) != len(into):
+        raise DecodeError(f"a chunk decoded to {len(data)} bytes, expected {len(into)}")
+    numpy = sys.modules.get("numpy") if len(data) >= _NUMPY_MIN else None
+    if numpy is None:
+        into[:] = data
+    else:
+        numpy.frombuffer(into, numpy.uint8)[:] = numpy.frombuffer(data, numpy.uint8)
+    return into.toreadonly()
+
+
 def decode_planes(  # noqa: PLR0912 - the decode steps of spec section 7, each with its own refusal
-    stored: bytes, plain_length: int, *, held: bool = False
+    stored: bytes, plain_length: int, *, held: bool = False, into: memoryview | None = None
 ) -> Decoded:
     """Decode one stored chunk of the planes codec into exactly ``plain_length`` bytes, or
     raise DecodeError. Every length is checked against the stored bytes and the plain length
-    before anything is decoded; no frame may produce more than its plane's length."""
+    before anything is decoded; no frame may produce more than its plane's length. ``into``:
+    where the plain bytes go (``decode_into``)."""
     if not stored:
         raise DecodeError("a planes chunk has no mode byte")
     mode = stored[0]
@@ -329,14 +354,15 @@ def decode_planes(  # noqa: PLR0912 - the decode steps of spec section 7, each w
                 expected=plain_length,
                 found=len(stored) - 1,
             )
-        return view[1:]
+        return view[1:] if into is None else place(into, view[1:])
     if mode == MODE_ZSTD:
         if len(stored) - 1 >= plain_length:
             raise DecodeError(
                 f"a zstd chunk of {len(stored) - 1} bytes is not shorter than its "
                 f"{plain_length} plain bytes"
             )
-        return _zstd_decode(view[1:], plain_length)
+        whole = _zstd_decode(view[1:], plain_length)
+        return whole if into is None else place(into, whole)
     if mode != MODE_PLANES:
         raise DecodeError(f"unknown chunk mode {mode}", found=mode)
     if len(stored) < 3:
@@ -374,11 +400,16 @@ def decode_planes(  # noqa: PLR0912 - the decode steps of spec section 7, each w
             expected=rest,
             found=len(stored) - pos,
         )
-    return _merge(planes, view[pos:], count, width, held)
+    return _merge(planes, view[pos:], count, width, held, into)
 
 
-def _merge(
-    planes: list[Decoded], tail: Decoded, count: int, width: int, held: bool = False
+def _merge(  # noqa: PLR0913, PLR0917 - the planes, and where they go (held, into)
+    planes: list[Decoded],
+    tail: Decoded,
+    count: int,
+    width: int,
+    held: bool = False,
+    into: memoryview | None = None,
 ) -> Decoded:
     """The chunk: plane k back in its place (every width-th byte from byte k), then the tail.
     With numpy, strided copies that release the GIL, block by block: the merge is most of a
@@ -394,13 +425,14 @@ def _merge(
         for k, plane in enumerate(planes):
             out[k:end:width] = plane
         out[end:] = tail
-        return memoryview(out).toreadonly()
+        return memoryview(out).toreadonly() if into is None else place(into, memoryview(out))
     # A chunk its caller holds (an import in memory keeps a file's chunks until its tensors
     # are made of them) is fresh memory whatever allocates it: a mapping of its own in huge
     # pages faults once per 2 MiB, not per 4 KiB, and goes back to the system with its last
     # view. A chunk that is let go at once (verify, an import to disk) reuses the allocator's
     # memory instead: a fresh mapping each time would fault every chunk in anew.
-    fresh = huge_buffer(end + len(tail)) if held else None
+    # ``into``: the chunk's place in its file's bytes, where the merge writes it straight.
+    fresh = into if into is not None else huge_buffer(end + len(tail)) if held else None
     array = (
         numpy.empty(end + len(tail), numpy.uint8)
         if fresh is None

@@ -5,46 +5,38 @@ the caller, and trusts nothing it has not checked.
 - ``read_head``: the identity part, from a bounded prefix (at most GATE_PREFIX_MAX bytes).
 - ``read_manifest``: head, footer and index, with every structural check that can be made
   without reading the payload.
-- ``PayloadDecoder``: the payload frames, decoded and hashed on a thread pool, every file's
-  sha256 checked in order.
+
+The payload frames are decoded by ``decoder.PayloadDecoder``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 from ..errors import (
-    DecryptionError,
     DigestMismatch,
     FramingError,
     LimitExceeded,
     MalformedManifest,
     NotARestorePoint,
-    RestorePointError,
     TrailingBytes,
     TruncatedRestorePoint,
     UnsupportedFormat,
 )
 from ._json import strict_loads
-from ._pipeline import Budget, HashLane, Ticket
-from .codecs import Decoded
 from .delta import chunk_lengths
 from .layout import CHUNK_HEADER, DIGEST_SIZE, END_MAGIC, FOOTER, FORMAT_MAJOR, MAGIC, PREAMBLE
 from .limits import GATE_PREFIX_MAX, MAX_HEAD_BYTES, MAX_INDEX_BYTES, MAX_SIGNATURE_BYTES
 from .manifest import Entry, Manifest
-from .references import BaseFrames, BaseRegion, Bases
+from .references import BaseRegion, Bases
 
 __all__ = [
     "BaseRegion",
     "Bases",
     "ChunkCipher",
     "Head",
-    "PayloadDecoder",
     "Prefix",
     "RangeSource",
     "Tail",
@@ -375,220 +367,3 @@ def _check_delta_layout(entry: Entry, chunk_size: int) -> None:
             f"({stored})",
             member=entry.path,
         )
-
-
-class PayloadDecoder:
-    """Decode the payload frames of a checked manifest from a sequential stream that starts at
-    the first entry's offset. ``events()`` yields ``(entry, plain_chunk)`` for each chunk, in
-    order (bytes, or a read-only memoryview), and ``(entry, None)`` once an entry's sha256 has
-    been checked. Opening, decoding and hashing run on a pool of ``threads`` (each file's chunks
-    hashed in order, files side by side); at most ``2 * threads`` chunks' worth of plain bytes
-    are in flight. ``held``: the caller keeps the chunks it is given."""
-
-    def __init__(  # noqa: PLR0913 - the stream, and how to read it (threads, key, bases, held)
-        self,
-        manifest: Manifest,
-        stream: BinaryIO,
-        *,
-        threads: int = 2,
-        cipher: ChunkCipher | None = None,
-        bases: Bases | None = None,
-        held: bool = False,
-    ) -> None:
-        assert manifest.payload is not None
-        self._frames = BaseFrames(manifest, bases)
-        #: The caller keeps every chunk (an import in memory): the codec gives each memory of
-        #: its own (``PlanesCodec.decode``).
-        self.held = held
-        if manifest.encryption is not None and cipher is None:
-            raise DecryptionError("the payload is encrypted: a key is needed to read it")
-        self.cipher = cipher
-        self.manifest = manifest
-        self.stream = stream
-        self.threads = max(1, threads)
-        self.position = manifest.payload[0].offset if manifest.payload else 0
-        self._failed = False
-
-    def _read(self, n: int, entry: Entry) -> bytes:
-        data = self.stream.read(n)
-        if len(data) != n:
-            raise TruncatedRestorePoint(
-                f"the object ends inside the stored bytes (at byte {self.position + len(data)})",
-                member=entry.path,
-                offset=self.position + len(data),
-            )
-        self.position += n
-        return data
-
-    def _check(self) -> None:
-        if self._failed:
-            raise RuntimeError("the payload decoder stopped")
-
-    def events(self) -> Iterator[tuple[Entry, Decoded | None]]:
-        assert self.manifest.payload is not None
-        chunk_size = self.manifest.chunk_size
-        overhead = self.manifest.chunk_overhead
-        entries = len(self.manifest.payload)
-        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rp-decode")
-        budget = Budget(2 * self.threads * chunk_size, 32 * self.threads)
-        inflight: deque[_InFlight] = deque()
-        try:
-            for position, entry in enumerate(self.manifest.payload):
-                if entry.delta is not None:
-                    yield from self._delta_entry(entry, pool, budget, inflight)
-                    continue
-                n = chunk_count(entry.size, chunk_size)
-                lane = HashLane(n)
-                left_plain = entry.size
-                left_stored = entry.stored_size
-                for i in range(n):
-                    plain = min(chunk_size, left_plain)
-                    left_plain -= plain
-                    header = self._read(CHUNK_HEADER.size, entry)
-                    (stored_len,) = CHUNK_HEADER.unpack(header)
-                    left_stored -= CHUNK_HEADER.size
-                    reserve = (n - 1 - i) * CHUNK_HEADER.size
-                    if (
-                        stored_len > entry.codec.max_stored(plain) + overhead
-                        or stored_len > left_stored - reserve
-                    ):
-                        raise FramingError(
-                            f"chunk {i} declares {stored_len} stored bytes, more than possible",
-                            member=entry.path,
-                            offset=self.position - CHUNK_HEADER.size,
-                        )
-                    # Room for the plain bytes before the stored ones are read: settle the
-                    # oldest chunks (which frees their room once hashed) until there is.
-                    while inflight and not budget.has_room(plain):
-                        yield from self._settle(inflight.popleft())
-                    ticket = budget.acquire(plain, self._check)
-                    stored = self._read(stored_len, entry)
-                    left_stored -= stored_len
-                    task = pool.submit(
-                        self._decode, entry, lane, position, entries, i, n, stored, plain, ticket
-                    )
-                    inflight.append(_InFlight(entry, lane, task, i, ticket))
-                if left_stored != 0:
-                    raise FramingError(
-                        f"chunk frames use {entry.stored_size - left_stored} of "
-                        f"{entry.stored_size} stored bytes",
-                        member=entry.path,
-                    )
-                inflight.append(_InFlight(entry, lane, None, n, None))
-            while inflight:
-                yield from self._settle(inflight.popleft())
-        finally:
-            self._failed = True
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    def _delta_entry(
-        self,
-        entry: Entry,
-        pool: ThreadPoolExecutor,
-        budget: Budget,
-        inflight: deque[_InFlight],
-    ) -> Iterator[tuple[Entry, Decoded | None]]:
-        """A ``delta/1`` entry (section 28, R9a): each chunk's frame from this object's stream
-        or, referenced, from its base; each frame exactly the length the index records; each
-        chunk checked against its own sha256 as well as the file's."""
-        delta = entry.delta
-        assert delta is not None
-        lengths = chunk_lengths(entry.size, self.manifest.chunk_size, delta.cuts)
-        referenced = delta.referenced()
-        lane = HashLane(len(lengths))
-        for i, plain in enumerate(lengths):
-            length = delta.frame_length(i)
-            while inflight and not budget.has_room(plain):
-                yield from self._settle(inflight.popleft())
-            ticket = budget.acquire(plain, self._check)
-            if i in referenced:
-                ref, at = referenced[i]
-                stored = self._frames.frame(entry, ref, i, at)
-            else:
-                (found,) = CHUNK_HEADER.unpack(self._read(CHUNK_HEADER.size, entry))
-                if found != length:
-                    raise FramingError(
-                        f"chunk {i} declares {found} stored bytes, the index {length}",
-                        member=entry.path,
-                        offset=self.position - CHUNK_HEADER.size,
-                    )
-                stored = self._read(length, entry)
-            task = pool.submit(self._decode_chunk, entry, lane, i, stored, plain, ticket)
-            inflight.append(_InFlight(entry, lane, task, i, ticket))
-        inflight.append(_InFlight(entry, lane, None, len(lengths), None))
-
-    def _decode_chunk(  # noqa: PLR0913, PLR0917 - the state of one chunk in flight
-        self, entry: Entry, lane: HashLane, index: int, stored: bytes, plain: int, ticket: Ticket
-    ) -> Decoded:
-        """On a pool thread: decode a ``delta/1`` chunk, check its own sha256, then feed it
-        to its file's."""
-        assert entry.delta is not None
-        data = entry.codec.decode(stored, plain, held=self.held)
-        found = hashlib.sha256(data).hexdigest()
-        expected = entry.delta.chunk_sha256(index)
-        if found != expected:
-            where = ""
-            for ref in entry.delta.refs:
-                if ref.first <= index < ref.first + ref.count:
-                    assert self.manifest.bases is not None
-                    where = f" (from base {self.manifest.bases[ref.base].name})"
-            raise DigestMismatch(f"digest differs{where}", expected=expected, found=found)
-        lane.feed(index, data, ticket)
-        return data
-
-    def _decode(  # noqa: PLR0913, PLR0917 - the state of one chunk in flight, from the hot loop
-        self,
-        entry: Entry,
-        lane: HashLane,
-        position: int,
-        entries: int,
-        index: int,
-        count: int,
-        stored: bytes,
-        plain: int,
-        ticket: Ticket,
-    ) -> Decoded:
-        """On a pool thread: open and decode one chunk, then feed it to its file's sha256."""
-        if self.cipher is not None:
-            stored = self.cipher.open(
-                entry.path, entry.size, position, entries, index, index == count - 1, stored
-            )
-        data = entry.codec.decode(stored, plain, held=self.held)
-        lane.feed(index, data, ticket)
-        return data
-
-    def _settle(self, item: _InFlight) -> Iterator[tuple[Entry, Decoded | None]]:
-        entry = item.entry
-        if item.future is None:
-            found = item.lane.hexdigest(self._check)
-            if found != entry.sha256:
-                raise DigestMismatch(
-                    f"payload digest differs (expected {entry.sha256[:16]}..., "
-                    f"found {found[:16]}...)",
-                    member=entry.path,
-                    expected=entry.sha256,
-                    found=found,
-                )
-            yield entry, None
-            return
-        try:
-            plain = item.future.result()
-        except RestorePointError as exc:
-            if exc.member is None:
-                exc.member = entry.path
-                exc.message = f"chunk {item.index}: {exc.message}"
-            raise
-        assert item.ticket is not None
-        item.ticket.done()
-        yield entry, plain
-
-
-@dataclass(frozen=True)
-class _InFlight:
-    """A chunk submitted to the pool (or, with no future, the end of its entry)."""
-
-    entry: Entry
-    lane: HashLane
-    future: Future[Decoded] | None
-    index: int
-    ticket: Ticket | None

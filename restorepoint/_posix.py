@@ -30,6 +30,7 @@ __all__ = [
     "atomic_write",
     "fsync_dir",
     "fsync_file",
+    "give_back",
     "huge_buffer",
     "pid_alive",
     "populate",
@@ -189,6 +190,24 @@ def huge_buffer(size: int) -> memoryview | None:
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
+
+
+_MADV_DONTNEED = 4
+
+
+def give_back(address: int, length: int) -> None:
+    """Hand the whole pages inside ``length`` bytes at ``address`` back to the system
+    (``madvise(MADV_DONTNEED)``): they read as zeros afterwards. For memory of a mapping of
+    our own (``huge_buffer``) that nothing reads any more while the rest of the mapping lives
+    on: a resume's tensors made of one file's bytes (runtime/snapshot_file.py), once a model
+    has copied those of its parameters. Nothing elsewhere than Linux; never an error."""
+    func = _libc_madvise()
+    if func is None:
+        return
+    start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > start:
+        func(start, end - start, _MADV_DONTNEED)
 
 
 def rename_exchange(a: str, b: str) -> bool:

@@ -51,7 +51,7 @@ from ..format import (
     restore_point_digest,
 )
 from ..storage import STAGING_MARK, Location, resolve, translate
-from ._contents import Contents
+from ._contents import Contents, file_buffer
 from ._delta import bases_for
 from ._multipart import check_part, check_part_paths, missing_part, part_location, part_trust
 from ._open import NO_TRUST, Trust, open_head, open_manifest
@@ -502,6 +502,14 @@ def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_re
     kept: dict[str, Contents] | None = None,
 ) -> None:
     assert manifest.payload is not None
+    # Without a copy, each file's chunks are decoded into one buffer of its own, which a
+    # reader may then make its tensors of without copying them (``Contents.share``).
+    placed: dict[str, tuple[memoryview, bool]] = {}
+
+    def place(entry: Entry) -> memoryview:
+        placed[entry.path] = file_buffer(entry.size)
+        return placed[entry.path][0]
+
     decoder = PayloadDecoder(
         manifest,
         stream,
@@ -509,6 +517,7 @@ def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_re
         cipher=cipher,
         bases=bases,
         held=kept is not None,
+        places=place if kept is not None and isinstance(sink, _NoCopy) else None,
     )
     current = None
     # Every file is created in payload order, which is what lets the tree hold only one chain
@@ -524,6 +533,8 @@ def _write_files(  # noqa: PLR0913, PLR0917 - unpack steps U4-U9, from import_re
         if entry is not current:
             _create(sink, entry.path, kept)
             current = entry
+            if kept is not None and entry.path in placed:
+                kept[entry.path].adopt(*placed.pop(entry.path))
         if kept is not None:
             kept[entry.path].append(chunk)
         sink.write(chunk)

@@ -1,12 +1,19 @@
 """A snapshot file's bytes held in memory, verified (an import in memory keeps them so), and
-how a tensor is filled from them: ``snapshot_file.read_snapshot_held`` makes the state."""
+how a tensor is filled from them, or made of them (``Share``): ``snapshot_file.
+read_snapshot_held`` makes the state."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["FILL_STEP", "FILL_THREADS", "Fill", "Held"]
+__all__ = ["FILL_STEP", "FILL_THREADS", "Fill", "Held", "Share"]
+
+#: Bytes ``start`` to ``end`` of held bytes as writable memory to make a tensor of, and what
+#: gives their pages back once nothing refers to them; None where they cannot be shared
+#: (``ops.unpack.Contents.share``: held bytes that have one buffer, and no copy to write).
+Share = Callable[[int, int], "tuple[memoryview, Callable[[], None] | None] | None"]
 
 #: How much of a tensor ``Fill`` copies in one step; a window of steps is copied before what
 #: it copied is forgotten.

@@ -22,9 +22,11 @@ from __future__ import annotations
 import ctypes
 import io
 import json
+import math
 import os
 import re
 import tempfile
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -37,7 +39,7 @@ from .._posix import HUGE_ADVICE, advise_huge_pages, populate
 from ..errors import IntegrityError, MissingExtra, UsageError, at_url
 from ..format._json import CanonicalizationError, canonical_dumps, strict_loads
 from ..format.limits import MAX_SAFE_INTEGER
-from .held import Fill, Held
+from .held import Fill, Held, Share
 
 __all__ = [
     "DTYPES",
@@ -436,7 +438,7 @@ def read_snapshot_held(name: str, data: Held) -> Any:
         node, shapes = _checked(name, path)
 
     with Fill(data) as fill:
-        reader = _Reader(name, header, shapes, fill)
+        reader = _Reader(name, header, shapes, fill, getattr(data, "share", None))
         made: dict[str, torch.Tensor] = {}
         for tensor in sorted(shapes, key=reader.begin):
             made[tensor] = reader.tensor(tensor)
@@ -523,8 +525,9 @@ class _Reader:
         header: bytes,
         shapes: Mapping[str, tuple[str, list[int]]],
         fill: Callable[[int, memoryview], int],
+        share: Share | None = None,
     ) -> None:
-        self.path, self.shapes, self.fill = path, shapes, fill
+        self.path, self.shapes, self.fill, self.share = path, shapes, fill, share
         self.base = 8 + len(header)
         try:
             self.header = json.loads(header)
@@ -553,13 +556,17 @@ class _Reader:
             shape,
         ]:
             raise _bad(self.path, "its header changed while it was read")
-        t = torch.empty(shape, dtype=_CODES[dtype])
+        code = _CODES[dtype]
         begin, end = entry.get("data_offsets") or (None, None)
-        size = t.numel() * t.element_size()
+        size = math.prod(shape) * code.itemsize
         if not (
             isinstance(begin, int) and isinstance(end, int) and begin >= 0 and end - begin == size
         ):
             raise _bad(self.path, "its header changed while it was read")
+        shared = self._shared(code, shape, self.base + begin, size)
+        if shared is not None:
+            return shared
+        t = torch.empty(shape, dtype=code)
         if size >= HUGE_ADVICE:
             advise_huge_pages(t.data_ptr(), size)
         else:
@@ -569,4 +576,25 @@ class _Reader:
             view = memoryview((ctypes.c_ubyte * size).from_address(t.data_ptr())).cast("B")
             if self.fill(self.base + begin, view) != size:
                 raise _bad(self.path, f"tensor {name} is cut short")
+        return t
+
+    def _shared(
+        self, dtype: torch.dtype, shape: list[int], start: int, size: int
+    ) -> torch.Tensor | None:
+        """A tensor like ``like`` made of the held bytes themselves, without a copy, where
+        the held bytes can be shared (``Contents.share``) and lie at an address its elements
+        may (a multiple of their size): its memory is the buffer the import decoded into.
+        When the last tensor that refers to that memory goes (a model's, once the model has
+        copied it into its parameters), its whole pages are given back to the system."""
+        if self.share is None or not size:
+            return None
+        got = self.share(start, start + size)
+        if got is None:
+            return None
+        view, release = got
+        t = torch.frombuffer(view, dtype=dtype).reshape(shape)
+        if t.data_ptr() % dtype.itemsize:
+            return t.clone()  # misaligned: a copy, as a fill would make (the view goes)
+        if release is not None:
+            weakref.finalize(view, release).atexit = False
         return t

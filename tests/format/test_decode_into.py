@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from restorepoint import DecodeError, IntegrityError
 from restorepoint.format import NoneCodec, PayloadDecoder, ZstdCodec, read_manifest
+from restorepoint.format import _pipeline as pipeline
 from restorepoint.format import codecs as planes
 from restorepoint.format.codecs import decode_into
+from restorepoint.format.decoder import PLACED_DEPTH
 
 from .test_planes import CODEC, FAULTS, FILES, SAMPLE, _Bytes, anything, forged_object, weights
 
@@ -68,7 +70,7 @@ def test_a_chunk_of_another_length_than_its_place_is_refused() -> None:
 
 
 def decode_placed(
-    data: bytes, place: Callable[[object], memoryview | None]
+    data: bytes, place: Callable[[object], memoryview | None] | None
 ) -> tuple[dict[str, list[memoryview]], list[str]]:
     head, manifest = read_manifest(_Bytes(data))
     stream = io.BytesIO(data)
@@ -123,3 +125,30 @@ def test_placed_chunks_are_still_checked_by_the_files_digest() -> None:
 def test_a_place_of_another_size_is_refused() -> None:
     with pytest.raises(ValueError, match="a place of"):
         decode_placed(forged_object(FILES), lambda e: memoryview(bytearray(3)))
+
+
+def test_with_places_the_decoder_reads_ahead_within_its_deeper_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decoded bytes have their place whatever the depth, so the window is PLACED_DEPTH
+    chunks per thread (stored bytes read ahead), never more; without places it stays 2."""
+    peaks: list[int] = []
+    acquire = pipeline.Budget.acquire
+
+    def tracking(self: pipeline.Budget, n: int, failed: object) -> pipeline.Ticket:
+        ticket = acquire(self, n, failed)  # type: ignore[arg-type]
+        peaks.append(self._bytes)
+        return ticket
+
+    monkeypatch.setattr(pipeline.Budget, "acquire", tracking)
+    files = {"big.bin": FILES["weights.bin"] * 30}
+    data = forged_object(files)
+    _, manifest = read_manifest(_Bytes(data))
+    chunk = manifest.chunk_size
+    assert len(files["big.bin"]) > 3 * PLACED_DEPTH * chunk
+    chunks, _ = decode_placed(data, lambda e: memoryview(bytearray(e.size)))  # type: ignore[attr-defined]
+    assert b"".join(chunks["big.bin"]) == files["big.bin"]
+    assert max(peaks) <= PLACED_DEPTH * 3 * chunk
+    peaks.clear()
+    decode_placed(data, None)
+    assert max(peaks) <= 2 * 3 * chunk

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from restorepoint import DecodeError, IntegrityError
 from restorepoint.format import NoneCodec, PayloadDecoder, ZstdCodec, read_manifest
-from restorepoint.format import _pipeline as pipeline
 from restorepoint.format import codecs as planes
 from restorepoint.format.codecs import decode_into
 from restorepoint.format.decoder import PLACED_DEPTH
 
+from .test_pipeline import budget_peaks
 from .test_planes import CODEC, FAULTS, FILES, SAMPLE, _Bytes, anything, forged_object, weights
 
 
@@ -132,15 +132,7 @@ def test_with_places_the_decoder_reads_ahead_within_its_deeper_window(
 ) -> None:
     """The decoded bytes have their place whatever the depth, so the window is PLACED_DEPTH
     chunks per thread (stored bytes read ahead), never more; without places it stays 2."""
-    peaks: list[int] = []
-    acquire = pipeline.Budget.acquire
-
-    def tracking(self: pipeline.Budget, n: int, failed: object) -> pipeline.Ticket:
-        ticket = acquire(self, n, failed)  # type: ignore[arg-type]
-        peaks.append(self._bytes)
-        return ticket
-
-    monkeypatch.setattr(pipeline.Budget, "acquire", tracking)
+    peaks = budget_peaks(monkeypatch)
     files = {"big.bin": FILES["weights.bin"] * 30}
     data = forged_object(files)
     _, manifest = read_manifest(_Bytes(data))

@@ -109,9 +109,8 @@ def test_every_thread_count_writes_the_same_payload(tmp_path: Path, codec: str) 
         assert report.bytes == sum(len(d) for d in files.values())
 
 
-def test_the_writer_stays_within_its_budget(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def budget_peaks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes in flight of every budget after each acquire, from now on."""
     peaks: list[int] = []
     acquire = pipeline.Budget.acquire
 
@@ -121,6 +120,13 @@ def test_the_writer_stays_within_its_budget(
         return ticket
 
     monkeypatch.setattr(pipeline.Budget, "acquire", tracking)
+    return peaks
+
+
+def test_the_writer_stays_within_its_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    peaks = budget_peaks(monkeypatch)
     write_tree(tmp_path / "src", many_files())
     restorepoint.pack(
         tmp_path / "src", str(tmp_path / "rp.rp"), position=1, chunk_size=CHUNK, threads=2

@@ -581,14 +581,18 @@ class _Reader:
     def _shared(
         self, dtype: torch.dtype, shape: list[int], start: int, size: int
     ) -> torch.Tensor | None:
-        """A tensor like ``like`` made of the held bytes themselves, without a copy, where
-        the held bytes can be shared (``Contents.share``) and lie at an address its elements
-        may (a multiple of their size): its memory is the buffer the import decoded into.
-        When the last tensor that refers to that memory goes (a model's, once the model has
-        copied it into its parameters), its whole pages are given back to the system."""
+        """A tensor of ``dtype`` and ``shape`` made of the held bytes themselves, without a
+        copy, where the held bytes can be shared (``Contents.share``); at an address its
+        elements may not lie at (not a multiple of their size), a copy of them. Its memory is
+        the buffer the import decoded into. When the last tensor that refers to that memory
+        goes (a model's, once the model has copied it into its parameters), its whole pages
+        are given back to the system."""
         if self.share is None or not size:
             return None
-        got = self.share(start, start + size)
+        try:
+            got = self.share(start, start + size)
+        except ValueError:  # safetensors refuses overlapping tensors: defence in depth
+            raise _bad(self.path, "two of its tensors share bytes") from None
         if got is None:
             return None
         view, release = got

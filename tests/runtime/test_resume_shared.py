@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from restorepoint import _posix
+from restorepoint.errors import IntegrityError
 from restorepoint.ops import _contents
 from restorepoint.ops._contents import Contents, file_buffer
 from restorepoint.ops.unpack import import_restore_point
@@ -215,3 +216,19 @@ def test_an_import_without_a_copy_loads_the_same_state_twice(tmp_path: Path) -> 
     first[key]["exp_avg"].add_(1)
     assert not torch.equal(first[key]["exp_avg"], second[key]["exp_avg"])
     assert same(second[key]["exp_avg"], saved["optimizer"]["state"][key]["exp_avg"])
+
+
+def test_held_bytes_shared_before_are_refused_as_a_damaged_file(tmp_path: Path) -> None:
+    """Bytes already made into a tensor are not the file's any more: a read of the state that
+    would share them again is refused as an IntegrityError naming the file, not a traceback
+    of the buffer's bookkeeping."""
+    save_state({"a": torch.arange(64, dtype=torch.float32)}, tmp_path / "last.pt", tmp_path)
+    data = (tmp_path / "last.pt").read_bytes()
+    buffer, own = file_buffer(len(data))
+    buffer[:] = data
+    contents = Contents()
+    contents.adopt(buffer, own)
+    contents.append(buffer.toreadonly())
+    assert contents.share(len(data) - 8, len(data)) is not None
+    with pytest.raises(IntegrityError, match="share bytes"):
+        read_snapshot_held("twice", contents)

@@ -68,6 +68,9 @@ def main() -> None:
         "rng": torch.get_rng_state(),
     }
     torch.save(state, f"{args.out}-{accelerator.process_index}.pt")
+    # Both ranks at the teardown together: gloo torn down on one rank while the other still
+    # talks to it aborted a process once (std::terminate, SIGABRT) after its work was done.
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 

@@ -129,7 +129,8 @@ class PayloadDecoder:
                     ticket = budget.acquire(plain, self._check)
                     stored = self._read(stored_len, entry)
                     left_stored -= stored_len
-                    into = None if buffer is None else buffer[i * chunk_size :][:plain]
+                    at = i * chunk_size
+                    into = None if buffer is None else buffer[at : at + plain]
                     task = pool.submit(
                         self._decode,
                         entry,
@@ -193,6 +194,12 @@ class PayloadDecoder:
             inflight.append(_InFlight(entry, lane, task, i, ticket))
         inflight.append(_InFlight(entry, lane, None, len(lengths), None))
 
+    def _plain(self, entry: Entry, stored: bytes, plain: int, into: memoryview | None) -> Decoded:
+        """One chunk's plain bytes: decoded into its place where its file has one."""
+        if into is None:
+            return entry.codec.decode(stored, plain, held=self.held)
+        return decode_into(entry.codec, stored, plain, into)
+
     def _place(self, entry: Entry) -> memoryview | None:
         """Where ``entry``'s plain bytes go (``places``), checked to be exactly as long."""
         buffer = self._places(entry) if self._places is not None and entry.size else None
@@ -213,11 +220,7 @@ class PayloadDecoder:
         """On a pool thread: decode a ``delta/1`` chunk, check its own sha256, then feed it
         to its file's."""
         assert entry.delta is not None
-        data = (
-            entry.codec.decode(stored, plain, held=self.held)
-            if into is None
-            else decode_into(entry.codec, stored, plain, into)
-        )
+        data = self._plain(entry, stored, plain, into)
         found = hashlib.sha256(data).hexdigest()
         expected = entry.delta.chunk_sha256(index)
         if found != expected:
@@ -247,11 +250,7 @@ class PayloadDecoder:
             stored = self.cipher.open(
                 entry.path, entry.size, position, entries, index, index == count - 1, stored
             )
-        data = (
-            entry.codec.decode(stored, plain, held=self.held)
-            if into is None
-            else decode_into(entry.codec, stored, plain, into)
-        )
+        data = self._plain(entry, stored, plain, into)
         lane.feed(index, data, ticket)
         return data
 

@@ -4,6 +4,7 @@ on a local disk and on moto's S3 server.
 
     python benchmarks/bench_resume.py [--size 1G,4G,8G] [--stores local,s3] [--repeat 2]
         [--workdir DIR] [--hogs N] [--json] [--no-memory-check] [--tools a,b] [--plot PNG]
+        [--park auto|always|never]
 
 Needs torch, s3fs, moto[server], boto3 and the real weights (``restorepoint[torch,s3,test]``);
 Lightning and DCP rows are skipped when they cannot be imported. Run from the repository root.
@@ -62,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import fs_type, measured, use_checkout
+from _park import Parking
 
 # The checkout this script is in is what it measures (and its resume processes, which inherit
 # the path), not whichever restorepoint the interpreter has installed.
@@ -249,6 +251,7 @@ def measure_size(
     compute = Compute()
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3
     digest = state_digest(model)
+    parking = Parking(model, optimizer, workdir / f"parked-{size}.pt") if args.parks else None
     make_room(state_bytes)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {t: [] for t in tools} for s in stores}
     opened = {kind: Store(kind, workdir) for kind in stores}
@@ -266,7 +269,14 @@ def measure_size(
                     try:
                         cycle.save(tool, tag)
                         gc.collect()
-                        resume_elsewhere(cycle, tool, tag, size, digest)
+                        if parking is not None:
+                            parking.park()
+                        try:
+                            resume_elsewhere(cycle, tool, tag, size, digest)
+                        finally:
+                            if parking is not None:
+                                parking.unpark()
+                                assert state_digest(model) == digest, "unparked state differs"
                     except BaseException as exc:  # DCP's CheckpointException is a BaseException
                         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                             raise
@@ -296,7 +306,15 @@ def measure_size(
     finally:
         for store in opened.values():
             store.close()
-    return {"size": size, "state_bytes": state_bytes, "runs": runs, "failures": failures}
+        if parking is not None:
+            parking.path.unlink(missing_ok=True)
+    return {
+        "size": size,
+        "state_bytes": state_bytes,
+        "parked": parking is not None,
+        "runs": runs,
+        "failures": failures,
+    }
 
 
 def _slowdown(out: dict[str, Any]) -> str:
@@ -454,13 +472,17 @@ def plot(results: list[dict[str, Any]], target: Path) -> str:
     return f"plot written to {target}"
 
 
-def fits(size: int) -> bool:
-    """Whether the run fits in memory: the state, a snapshot's copy of it and a resumed copy,
-    with room to spare (about 3.5x the state)."""
+#: Memory a size asks for, in states: this process's state, a snapshot's copy of it and a resumed
+#: copy, with room to spare; parked (``--park``), the resumed copy takes the parked one's place.
+NEEDS = {False: 3.5, True: 2.4}
+
+
+def fits(size: int, parked: bool) -> bool:
+    """Whether the run fits in this machine's available memory (``NEEDS``)."""
     try:
         with open("/proc/meminfo") as f:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return size * 3.5 <= info["MemAvailable"]
+        return size * NEEDS[parked] <= info["MemAvailable"]
     except (OSError, KeyError, ValueError):
         return True
 
@@ -483,8 +505,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-memory-check",
         action="store_true",
-        help="run a size the memory check would skip (about 3.5x the state is asked for; "
-        "fewer tools need less: 8 GiB without dcp.async_save peaked at 20 GiB in use)",
+        help="run a size the memory check would skip (about 3.5x the state is asked for, "
+        "2.4x parked; fewer tools need less: 8 GiB without dcp.async_save peaked at 20 GiB "
+        "in use)",
+    )
+    parser.add_argument(
+        "--park",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="move this process's state to disk while each resume runs (auto: where the "
+        "state and a resumed one do not fit side by side)",
     )
     parser.add_argument("--resume-child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -524,10 +554,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for text in args.size.split(","):
             size = parse_size(text)
-            if not args.no_memory_check and not fits(size):
+            # auto: park where the state and a resumed one do not fit side by side.
+            args.parks = args.park == "always" or (args.park == "auto" and not fits(size, False))
+            if not args.no_memory_check and not fits(size, args.parks):
                 notes.append(f"{text}: skipped, does not fit in this machine's memory")
                 print(notes[-1], file=sys.stderr)
                 continue
+            if args.parks:
+                notes.append(f"{text}: the state parked on disk during each resume (--park)")
             started = load()
             res = measure_size(size, stores, tools, args, workdir)
             notes += [f"{text}: failed, not timed: {f}" for f in res["failures"]]

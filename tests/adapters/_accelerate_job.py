@@ -20,6 +20,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from restorepoint.adapters.accelerate import AccelerateRun
+from restorepoint.testing.process import exit_after
 
 
 def main() -> None:
@@ -75,4 +76,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

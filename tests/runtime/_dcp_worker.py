@@ -16,6 +16,7 @@ import torch.distributed.checkpoint as dcp
 from restorepoint.format import Trainer
 from restorepoint.ops import Expectations, HeadSpec
 from restorepoint.runtime.sharded import import_dcp, publish_dcp
+from restorepoint.testing.process import exit_after
 
 VIEW = Expectations(
     trainer=Trainer("dcp-test", "1"),
@@ -65,4 +66,4 @@ def main(phase: str, rank: int, world: int, init: str, store: str, root: Path) -
 
 if __name__ == "__main__":
     a = sys.argv
-    sys.exit(main(a[1], int(a[2]), int(a[3]), a[4], a[5], Path(a[6])))
+    exit_after(lambda: main(a[1], int(a[2]), int(a[3]), a[4], a[5], Path(a[6])))

@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+from restorepoint.testing.process import exit_after
 from restorepoint.torch import ResumableRun
 
 CONFIG = {"seed": 0, "optimizer": {"lr": 0.01}}
@@ -61,4 +62,4 @@ def main(phase: str, rank: int, world: int, init: str, store: str, root: str, ou
 
 if __name__ == "__main__":
     phase, rank, world, init, store, root, out = sys.argv[1:8]
-    sys.exit(main(phase, int(rank), int(world), init, store, root, out))
+    exit_after(lambda: main(phase, int(rank), int(world), init, store, root, out))

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from restorepoint.format import Position
+from restorepoint.testing.process import exit_after
 from restorepoint.torch import ResumableRun
 
 CONFIG: dict[str, Any] = {
@@ -342,5 +343,5 @@ def ddp_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["ddp"]:
-        sys.exit(ddp_main(sys.argv[2:]))
+        exit_after(lambda: ddp_main(sys.argv[2:]))
     sys.exit(f"usage: {sys.argv[0]} ddp ...")

@@ -44,6 +44,7 @@ class Parking:
             os.replace(partial, self.path)
             del saved
             self._drop_cache()
+        self.parked = True  # from here on, unpark() puts back whatever was freed
         for p in self.params:
             p.data = torch.empty(0, dtype=p.dtype)
         for p in self.params:
@@ -52,7 +53,6 @@ class Parking:
                 if isinstance(value, torch.Tensor):
                     state[key] = torch.empty(0, dtype=value.dtype)
         gc.collect()
-        self.parked = True
 
     def unpark(self) -> None:
         import torch

@@ -269,9 +269,9 @@ def measure_size(
                     try:
                         cycle.save(tool, tag)
                         gc.collect()
-                        if parking is not None:
-                            parking.park()
                         try:
+                            if parking is not None:
+                                parking.park()
                             resume_elsewhere(cycle, tool, tag, size, digest)
                         finally:
                             if parking is not None:

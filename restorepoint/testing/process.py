@@ -1,19 +1,20 @@
 """The end of a test worker process that runs a torch.distributed process group.
 
-torch's gloo process group (2.13 on the CPU) can keep a work thread alive past
-``destroy_process_group``: the group stays referenced (a ``DeviceMesh``, Accelerate's state) until
-the interpreter finalizes. When that thread then drops the last reference to a tensor, it takes the
-GIL; during finalization Python ends such a thread with ``pthread_exit``, whose unwinding crosses a
-``noexcept`` frame of the group's run loop, and ``std::terminate`` aborts the process (SIGABRT,
-"terminate called without an active exception") after its work is done and its exit code chosen.
-A rank that had printed ``ok`` and returned 0, or raised ``SystemExit(42)`` to stop, then reads as
-killed. Seen in this project's CI on rank 0 of the DCP and Accelerate jobs, about once in 30 runs
-on a loaded 2-core machine, with the abort's thread ``pt_gloo_runloop`` in ``take_gil`` beneath
-``Py_FinalizeEx``.
+torch's gloo process group (2.13 on the CPU) can keep its run-loop threads alive past
+``destroy_process_group``: the group stays referenced (by a ``DeviceMesh``, by Accelerate's state)
+until the interpreter finalizes. A run-loop thread that then drops the last reference to a tensor
+takes the GIL; during finalization Python ends such a thread with ``pthread_exit``, whose unwinding
+crosses a ``noexcept`` frame of the run loop, and ``std::terminate`` aborts the process (SIGABRT,
+"terminate called without an active exception") after its work is done and its exit code chosen:
+a rank that printed ``ok`` and returned 0 (or stopped with 42) reads as killed. Seen on rank 0 of
+the DCP and ``accelerate launch`` test jobs, in CI and in a clean-clone run; in a loop of the DCP
+job's ranks on a loaded 2-core machine, 3 times in about 100 runs, with the aborting thread
+``pt_gloo_runloop`` in ``take_gil`` while the main thread was in ``Py_FinalizeEx``.
 
 ``exit_after(main)`` runs the worker's ``main``, ends the worker's own threads as the interpreter
-would (thread pools told to end, non-daemon threads joined), flushes stdout and stderr, and ends the process with ``os._exit`` and the
-code the interpreter would have used: no finalization, so no race.
+would (thread pools told to end, non-daemon threads joined), flushes stdout and stderr, and ends
+the process with ``os._exit`` and the code the interpreter would have used: no finalization, so
+nothing for the run loop to abort.
 """
 
 from __future__ import annotations

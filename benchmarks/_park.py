@@ -29,6 +29,8 @@ class Parking:
     def park(self) -> None:
         import torch
 
+        from restorepoint._posix import fsync_file
+
         if not self.path.exists():  # the state never changes between cycles: written once
             partial = self.path.with_suffix(".partial")
             saved = {
@@ -36,11 +38,7 @@ class Parking:
                 "state": [dict(self.optimizer.state[p]) for p in self.params],
             }
             torch.save(saved, partial)
-            fd = os.open(partial, os.O_RDONLY)
-            try:
-                os.fsync(fd)  # written back: its pages can then be dropped, not only reclaimed
-            finally:
-                os.close(fd)
+            fsync_file(partial)  # written back: its pages can then be dropped, not only reclaimed
             os.replace(partial, self.path)
             del saved
             self._drop_cache()

@@ -262,7 +262,7 @@ class Cycle:
         self._busy, self._busy_clock = [], None
         with PeakRSS() as rss:
             getattr(self, "save_" + tool.replace(".", "_").replace("-", "_"))(tag)
-        self.out["rss_save"] = rss.peak
+        self.out["rss_save"] = rss.peak + self.out.pop("rss_child", 0)
         after, clock_after = self._baseline()
         self.out["base_step_s"] = statistics.median(before + after)
         if len(self._busy) >= 3:
@@ -307,13 +307,16 @@ class Cycle:
     # restorepoint: ResumableRun, its defaults (zstd level 1 as codec planes, one background
     # thread at its default nice), publishing to the store; ``nice`` other than DEFAULT sets
     # background_nice.
-    def _run(self, tag: str, run_dir: Path, nice: int | str | None = DEFAULT) -> Any:
+    def _run(
+        self, tag: str, run_dir: Path, nice: int | str | None = DEFAULT, background: str = "thread"
+    ) -> Any:
         from restorepoint.torch import ResumableRun
 
         extra = {} if nice == DEFAULT else {"background_nice": nice}
         return ResumableRun(
             {"bench": "resume", "tag": tag},
             **extra,
+            background=background,
             run_dir=run_dir,
             store=self.store.url("rp") + "/",
             storage_options=self.store.options,
@@ -321,9 +324,14 @@ class Cycle:
             upload_timeout=LIMIT_S,
         )
 
-    def save_restorepoint(self, tag: str, nice: int | str | None = DEFAULT) -> None:
-        with self._run(tag, self.work / f"run-{tag}", nice) as run:
+    def save_restorepoint(
+        self, tag: str, nice: int | str | None = DEFAULT, background: str = "thread"
+    ) -> None:
+        with self._run(tag, self.work / f"run-{tag}", nice, background) as run:
             run.track(model=self.model, optimizer=self.optimizer)
+            # A training run starts its publish process (background="process") when it
+            # starts, long before its first snapshot: not timed.
+            run.worker.prepared.wait(60)
             t0 = time.perf_counter()
             run.snapshot()
             self.out["pause_s"] = time.perf_counter() - t0
@@ -335,6 +343,12 @@ class Cycle:
             upload = run.uploads[-1] if run.uploads else {}
             if not upload.get("ok"):
                 raise RuntimeError(f"the publish failed: {upload}")
+            process = run.publisher.process
+            if background == "process" and process is None:
+                raise RuntimeError("the publish process did not start")
+            # Its peak resident set counts with the training process's (a sum of two peaks:
+            # at most what the two held at once).
+            self.out["rss_child"] = (process.peak_rss() or 0) if process is not None else 0
         shutil.rmtree(self.work / f"run-{tag}")
         self.out["bytes"] = self.store.size("rp")
 
@@ -354,6 +368,11 @@ class Cycle:
             # joins it at exit, as a training loop would at its end).
             self.step()
         shutil.rmtree(run_dir)
+
+    def save_restorepoint_process(self, tag: str) -> None:
+        self.save_restorepoint(tag, background="process")
+
+    resume_restorepoint_process = resume_restorepoint
 
     def save_restorepoint_nice0(self, tag: str) -> None:
         self.save_restorepoint(tag, None)

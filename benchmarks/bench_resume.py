@@ -79,12 +79,21 @@ from _resume_tools import (  # noqa: E402
 )
 
 HINT = "bench_resume.py needs torch, s3fs, moto[server] and boto3: restorepoint[torch,s3,test]"
-TOOLS = ("restorepoint", "torch.save", "dcp.save", "dcp.async_save", "lightning")
-#: Ours, and ours with the background at the training thread's priority
-#: (``background_nice=None``) or at other nice levels: not in the default list; they show what
-#: the background's CPU share costs and buys (the default is docs/performance.md's choice).
+TOOLS = (
+    "restorepoint",
+    "restorepoint-process",
+    "torch.save",
+    "dcp.save",
+    "dcp.async_save",
+    "lightning",
+)
+#: Ours (its defaults), ours publishing in a process of its own (``background="process"``),
+#: and ours with the background at the training thread's priority (``background_nice=None``)
+#: or at other nice levels: these last are not in the default list; they show what the
+#: background's CPU share costs and buys (the default is docs/performance.md's choice).
 OURS = (
     "restorepoint",
+    "restorepoint-process",
     "restorepoint-nice0",
     "restorepoint-nice5",
     "restorepoint-nice10",
@@ -348,6 +357,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         }
         if "restorepoint-nice0" in ratios:
             out[kind]["vs_best_peer_nice0"] = ratios["restorepoint-nice0"]
+        if "restorepoint-process" in ratios and first != "restorepoint-process":
+            out[kind]["vs_best_peer_process"] = ratios["restorepoint-process"]
     return out
 
 
@@ -380,6 +391,14 @@ def fmt(fig: str, v: float | None) -> str:
     return f"{v:.2f} s"
 
 
+def _cell(fig: str, r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "-"
+    if fig in SHARES:
+        return f"{r['ours']:+.1%} vs {r['peer']:+.1%} ({r['best_peer']})"
+    return f"{r['ratio']:.2f}x ({r['best_peer']})" if r["ratio"] else "-"
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
     names = {
         "pause_s": "pause per snapshot",
@@ -401,16 +420,14 @@ def print_table(results: list[dict[str, Any]]) -> None:
                 f" (median of {res['repeat']}; load average {res['load_start']:.2f}"
                 f" -> {res['load_end']:.2f})"
             )
-            print(f"{'figure':30}" + "".join(f"{t:>19}" for t in tools) + "  ours / best peer")
+            process = summary.get("vs_best_peer_process")
+            head = "  ours / best peer" + (" | process / best peer" if process else "")
+            print(f"{'figure':30}" + "".join(f"{t:>19}" for t in tools) + head)
             for fig in FIGURES:
                 row = f"{names[fig]:30}" + "".join(f"{fmt(fig, med[t][fig]):>19}" for t in tools)
-                r = summary["vs_best_peer"].get(fig)
-                if r is None:
-                    cell = "-"
-                elif fig in SHARES:
-                    cell = f"{r['ours']:+.1%} vs {r['peer']:+.1%} ({r['best_peer']})"
-                else:
-                    cell = f"{r['ratio']:.2f}x ({r['best_peer']})" if r["ratio"] else "-"
+                cell = _cell(fig, summary["vs_best_peer"].get(fig))
+                if process:
+                    cell += f" | {_cell(fig, process.get(fig))}"
                 print(row + f"  {cell}")
             loads = "".join(f"{med[t]['load_resume'] or 0:>19.2f}" for t in tools)
             print(f"{'load average (1 min)':30}" + loads)

@@ -27,7 +27,9 @@ __all__ = [
     "FileTooLarge",
     "NotRegularFile",
     "advise_huge_pages",
+    "allow_reader",
     "atomic_write",
+    "die_with_parent",
     "fsync_dir",
     "fsync_file",
     "give_back",
@@ -37,6 +39,7 @@ __all__ = [
     "preempt_signal",
     "process_owner",
     "process_start_time",
+    "read_memory",
     "read_regular",
     "release_free_memory",
     "rename_exchange",
@@ -186,6 +189,69 @@ def huge_buffer(size: int) -> memoryview | None:
     except (OSError, ValueError, AttributeError):
         return None
     return memoryview(mapping)[offset : offset + size]
+
+
+# -- another process's memory ----------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+#: Yama's prctl: which process may read this one's memory (ptrace_scope 1).
+_PR_SET_PTRACER = 0x59616D61
+
+
+class _IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+@functools.cache
+def _libc() -> Any:
+    """libc with errno kept, on Linux; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # pragma: no cover - a platform without dlopen(NULL)
+        return None
+
+
+def read_memory(pid: int, address: int, into: int, length: int) -> None:
+    """Copy ``length`` bytes at ``address`` in process ``pid`` to ``into`` in this one
+    (``process_vm_readv``: one copy, no shared mapping, the GIL released by ctypes). OSError
+    where the kernel refuses (another user's process, Yama's ptrace_scope without
+    ``allow_reader``, a seccomp filter), where the memory is not mapped there, or elsewhere
+    than Linux."""
+    libc = _libc()
+    func = getattr(libc, "process_vm_readv", None) if libc is not None else None
+    if func is None:
+        raise OSError(errno.ENOSYS, "process_vm_readv is not available here")
+    func.restype = ctypes.c_ssize_t
+    done = 0
+    while done < length:
+        local = _IOVec(into + done, length - done)
+        remote = _IOVec(address + done, length - done)
+        got = func(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got <= 0:
+            code = ctypes.get_errno() if got < 0 else errno.EFAULT
+            raise OSError(code, f"process_vm_readv: {os.strerror(code)}")
+        done += got
+
+
+def allow_reader(pid: int) -> None:
+    """Let process ``pid`` (a child of this one) read this process's memory where Yama's
+    ``ptrace_scope`` is 1, which otherwise lets a process read only its descendants'. Nothing
+    where Yama is not there; never an error."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(_PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0)
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have the kernel send this process SIGKILL when the thread that started it ends (its
+    parent process exits, killed or not). False where it cannot be asked (elsewhere than
+    Linux) or where the parent ``parent`` has already gone (this process was adopted)."""
+    libc = _libc()
+    if libc is None or libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    return os.getppid() == parent
 
 
 _RENAME_EXCHANGE = 2

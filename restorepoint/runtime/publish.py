@@ -42,8 +42,10 @@ from ..format import PartRef, Position
 from ..ops._source import InMemory
 from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, Rest, publish
+from ..ops.publish_process import Peer, PublishProcess, RemoteResult, Unavailable
 from ..ops.resumed import ResumeMarker
 from ..ops.store import KeepBest
+from ..storage import deadline_left
 from .contract import POSITION_FILE, RunDirectory
 from .snapshot_file import SnapshotImage
 from .state import (
@@ -109,6 +111,21 @@ class _Bytes:
         return io.BytesIO(self.data)
 
 
+def _peers(memory: Mapping[str, InMemory]) -> dict[str, Peer | bytes] | None:
+    """The payload files in memory as the publish process reads them (a snapshot image: where
+    its tensors lie in this process; a small file: its bytes), or None when one of them is
+    neither."""
+    out: dict[str, Peer | bytes] = {}
+    for name, item in memory.items():
+        if isinstance(item, SnapshotImage):
+            out[name] = Peer(item.head, tuple(item.regions))
+        elif isinstance(item, _Bytes):
+            out[name] = item.data
+        else:
+            return None
+    return out
+
+
 class Publisher:
     """Saves and publishes the snapshots of one run (one rank of it). ``head`` gives the head
     of a restore point at a position; ``event`` appends to the run's events (rank 0 only);
@@ -127,6 +144,7 @@ class Publisher:
         head: Callable[[Position, Mapping[str, float]], HeadSpec],
         event: Callable[..., None],
         keep_best: KeepBest | None = None,
+        process: bool = False,
     ) -> None:
         self.directory = directory
         self.store = store
@@ -147,6 +165,13 @@ class Publisher:
         #: The snapshots that could not be saved: step -> the error, as one line.
         self.save_errors: dict[int, str] = {}
         self._space_warned = False
+        #: The publish in a process of its own (``background="process"``: one process, a
+        #: store); None: on the worker's thread. Started by ``prepare`` on the worker's
+        #: thread, which outlives every publish (the child dies with the thread that started
+        #: it), and started again there after a child that died.
+        self.process: PublishProcess | None = (
+            PublishProcess() if process and world == 1 and store is not None else None
+        )
 
     @property
     def is_main(self) -> bool:
@@ -169,6 +194,32 @@ class Publisher:
 
     def rank_file(self) -> str:
         return rank_file(self.rank, self.world)
+
+    def prepare(self) -> None:
+        """On the worker's thread, before its first snapshot: start the publish process, so
+        that the first publish does not wait for its start (or say at once that there can
+        be none: every snapshot is then published on the thread)."""
+        if self.process is None:
+            return
+        try:
+            self.process.start()
+        except Unavailable as exc:
+            self._no_process(exc)
+
+    def _no_process(self, exc: Unavailable) -> None:
+        log.warning("%s; publishing in the training process instead", exc.message)
+        self.event("publish_process_unavailable", error=exc.message)
+        self.process = None
+
+    def unthrottle(self) -> None:
+        """A stop: the publish process takes the training process's priority back too."""
+        if self.process is not None:
+            self.process.unthrottle()
+
+    def close(self) -> None:
+        """End the publish process, if one was started (after the worker's last job)."""
+        if self.process is not None:
+            self.process.close()
 
     def outcome(self, step: int) -> dict[str, Any] | None:
         """The newest publish of the snapshot of ``step`` this process recorded, or None."""
@@ -276,16 +327,7 @@ class Publisher:
         started = time.perf_counter()
         step = snap.position.step
         try:
-            result = publish(
-                self.directory.checkpoints,
-                self.store or "",
-                self.head(snap.position, snap.metrics),
-                self.options,
-                keep_last=self.keep_last,
-                keep_best=self.keep_best,
-                memory=memory,
-                rest=self.rest,
-            )
+            result = self._published(snap, memory)
         except RestorePointError as exc:
             self.uploads.append({"ok": False, "step": step, "error": str(exc)})
             self.event(
@@ -295,21 +337,19 @@ class Publisher:
         seconds = time.perf_counter() - started
         upload: dict[str, Any] = {"ok": True, "step": step, "url": result.url, "seconds": seconds}
         extra: dict[str, Any] = {}
-        if result.pack.incremental is not None:
+        if result.incremental is not None:
             # Whether it referenced its newest, and why not (spec 28.4): a full fine-tune's
             # publishes say that they reused nothing, and when they rest.
             upload["incremental"] = extra["incremental"] = {
-                "reason": result.pack.incremental,
-                "reused": result.pack.reused,
+                "reason": result.incremental,
+                "reused": result.reused,
             }
-        if result.pack.choices is not None:
+        if result.choices is not None:
             # What the adaptive codec chose, chunk by chunk (spec 13, W4b): in the telemetry.
-            upload["codec_choices"] = extra["codec_choices"] = result.pack.choices.to_dict()
+            upload["codec_choices"] = extra["codec_choices"] = result.choices
         self.uploads.append(upload)
         self.renew_marker()
-        self.event(
-            "uploaded", step=step, seconds=round(seconds, 6), bytes=result.pack.size, **extra
-        )
+        self.event("uploaded", step=step, seconds=round(seconds, 6), bytes=result.size, **extra)
         if result.prune_error is not None:
             self.event(
                 "prune_failed",
@@ -317,6 +357,48 @@ class Publisher:
                 error_class=type(result.prune_error).__name__,
                 error=result.prune_error.message,
             )
+
+    def _published(self, snap: Snapshot, memory: Mapping[str, InMemory] | None) -> RemoteResult:
+        """The one publish of a snapshot: in the publish process where there is one and the
+        memory is what it can read, else here. RestorePointError when it fails."""
+        head = self.head(snap.position, snap.metrics)
+        peers = _peers(memory) if self.process is not None and memory is not None else None
+        if self.process is not None and peers is not None:
+            left = deadline_left()
+            try:
+                return self.process.publish(
+                    os.fspath(self.directory.checkpoints),
+                    self.store or "",
+                    head,
+                    self.options,
+                    memory=peers,
+                    keep_last=self.keep_last,
+                    keep_best=self.keep_best,
+                    expect=self.rest.expected,
+                    deadline=None if left is None else time.monotonic() + left,
+                )
+            except Unavailable as exc:
+                # Said once; every later snapshot of the run publishes here.
+                self._no_process(exc)
+        result = publish(
+            self.directory.checkpoints,
+            self.store or "",
+            head,
+            self.options,
+            keep_last=self.keep_last,
+            keep_best=self.keep_best,
+            memory=memory,
+            rest=self.rest,
+        )
+        pack = result.pack
+        return RemoteResult(
+            url=result.url,
+            size=pack.size,
+            incremental=pack.incremental,
+            reused=pack.reused,
+            choices=pack.choices.to_dict() if pack.choices is not None else None,
+            prune_error=result.prune_error,
+        )
 
     # -- with a process group: a part per rank, and the commit ----------------------------------
 

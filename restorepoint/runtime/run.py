@@ -95,6 +95,17 @@ __all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
 log = logging.getLogger("restorepoint.torch")
 
 
+#: Where a snapshot is published (``background=``): on the snapshot worker's thread, or in
+#: a process of its own (ops/publish_process.py; Linux, one process with a store).
+BACKGROUNDS = ("thread", "process")
+
+
+def _background(value: str) -> str:
+    if value not in BACKGROUNDS:
+        raise UsageError(f"background must be one of {', '.join(BACKGROUNDS)}, not {value!r}")
+    return value
+
+
 def _distributed() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -129,6 +140,7 @@ class ResumableRun:
         upload_timeout: float = 300.0,
         background_threads: int = 1,
         background_nice: int | None = DEFAULT_NICE,
+        background: str = "thread",
         trainer: tuple[str, str] | None = None,
         terms: Mapping[str, str] | None = None,
         cache_keys: Mapping[str, str]
@@ -237,6 +249,7 @@ class ResumableRun:
             head=self._head,
             event=self._event,
             keep_best=self.keep_best,
+            process=_background(background) == "process",
         )
         #: Each publish's outcome, newest last (rank 0 with a process group).
         self.uploads = self.publisher.uploads
@@ -247,6 +260,7 @@ class ResumableRun:
             self.publisher.save_and_publish,
             nice=background_nice,
             done=lambda snap: self._buffers.give(snap.state),
+            prepare=self.publisher.prepare,
         )
 
     # -- what this run is -----------------------------------------------------------------------
@@ -366,6 +380,7 @@ class ResumableRun:
         try:
             self._finish_uploads()
         finally:
+            self.publisher.close()
             self._buffers.close()
             end_stop(self)
             self.flags.restore()

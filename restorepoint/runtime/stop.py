@@ -43,6 +43,7 @@ def stop(run: ResumableRun) -> NoReturn:
     why = signal_name(signals[-1]) if signals else "requested"
     limit = run.max_resubmit_attempts
     run.worker.unthrottle()
+    run.publisher.unthrottle()
     # Counted before the snapshot: the restore point carries it, so that the limit holds
     # on whichever machine resumes next.
     run._resubmits += 1

@@ -74,8 +74,15 @@ class SnapshotWorker(Generic[T]):
         nice: int | None = DEFAULT_NICE,
         done: Callable[[T], None] | None = None,
         switch_interval: float | None = SWITCH_INTERVAL,
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         self._handle = handle
+        #: Run first on the thread, at its priority (the publish process is started there, so
+        #: that it runs at the thread's nice and dies with the thread); must not raise.
+        self._prepare = prepare
+        self._throttled = threading.Event()
+        #: Set once ``prepare`` has run (at once without one).
+        self.prepared = threading.Event()
         #: The switch interval while a snapshot is handled; None: the process's, untouched.
         self._switch = switch_interval
         #: Called with a snapshot handled when no newer one waits: nothing reads it any more,
@@ -96,6 +103,7 @@ class SnapshotWorker(Generic[T]):
         self._thread = threading.Thread(target=self._work, name="rp-snapshots", daemon=True)
         self._thread.start()
         self._throttle()
+        self._throttled.set()
 
     def _throttle(self) -> None:
         """Lower the thread (started, not yet given work) by ``nice``; on Linux a nice value
@@ -143,6 +151,13 @@ class SnapshotWorker(Generic[T]):
         return True
 
     def _work(self) -> None:
+        if self._prepare is not None:
+            self._throttled.wait()
+            try:
+                self._prepare()
+            except Exception as exc:  # pragma: no cover - a bug; snapshots go on
+                log.error("preparing the worker failed: %s: %s", type(exc).__name__, exc)
+        self.prepared.set()
         while True:
             snap = self._pending.get()
             if snap is None:

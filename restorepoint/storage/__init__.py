@@ -27,7 +27,14 @@ from ._names import (
     this_host,
 )
 from ._resolve import resolve
-from ._retry import RetryPolicy, deadline_left, policy, set_store_deadline, store_deadline
+from ._retry import (
+    RetryPolicy,
+    deadline_left,
+    policy,
+    set_store_deadline,
+    store_deadline,
+    watch_store_deadline,
+)
 from ._s3 import S3Location
 
 __all__ = [
@@ -59,4 +66,5 @@ __all__ = [
     "this_host",
     "translate",
     "translating",
+    "watch_store_deadline",
 ]

@@ -43,6 +43,7 @@ __all__ = [
     "store_deadline",
     "store_options",
     "take_over",
+    "watch_store_deadline",
 ]
 
 T = TypeVar("T")
@@ -94,14 +95,33 @@ def policy() -> RetryPolicy:
 _deadline_lock = threading.Lock()
 #: [the deadline] (a list, so that setting it needs no ``global``)
 _deadline: list[float | None] = [None]
+#: Called with each deadline set (``watch_store_deadline``).
+_watchers: list[Callable[[float | None], None]] = []
 
 
 def set_store_deadline(when: float | None) -> None:
     """Bound every retry of this process by ``when`` (time.monotonic()), or by nothing
     (None). The runtime sets it when a stop or a reclaim notice starts its last upload: a retry
-    whose wait would end past it is not made, and the failure stands."""
+    whose wait would end past it is not made, and the failure stands. Each watcher is told."""
     with _deadline_lock:
         _deadline[0] = when
+        watchers = list(_watchers)
+    for watcher in watchers:
+        watcher(when)
+
+
+def watch_store_deadline(watcher: Callable[[float | None], None]) -> Callable[[], None]:
+    """Call ``watcher`` with every deadline set from now on (a publish in a process of its own
+    carries it there: on Linux, time.monotonic() is one clock for every process of the
+    machine); returns the function that stops the calls. ``watcher`` must not raise."""
+    with _deadline_lock:
+        _watchers.append(watcher)
+
+    def stop() -> None:
+        with _deadline_lock, contextlib.suppress(ValueError):
+            _watchers.remove(watcher)
+
+    return stop
 
 
 @contextlib.contextmanager

@@ -1,0 +1,587 @@
+"""The publish in a process of its own: a runtime's snapshot is published from its copy in
+the training process's memory by a child process, which reads that memory (Linux's
+``process_vm_readv``: one copy, as the in-process publish makes) and runs the one publish,
+``ops.publish``, there. Training then shares neither the interpreter's lock nor the
+scheduler's view of one process with the publish: beside a 1 GiB publish, a training
+thread's core wait and blocked time fell from about 8% and 3% of a step to about 1% and
+0.3% (docs/performance.md, "The publish in a process of its own").
+
+The parent (``PublishProcess``) starts the child once and hands it one job at a time over a
+pipe; the child reports each outcome as JSON. What the parent sends is its own values
+(the head, the options, where the bytes lie), pickled: the child trusts its parent. What
+the child sends back is data only, JSON, since it comes of what the child read from the
+store; the parent never unpickles it. The child:
+
+- dies with its parent (``PR_SET_PDEATHSIG``: the kernel kills it when the thread that
+  started it ends, a SIGKILL of the training process included), so that no publish goes on
+  for a run that is gone. A publish killed midway leaves the store as it was: the publish's
+  commit point is its last step (spec section 13);
+- runs at its parent thread's priority (the snapshot worker's, nice +10 by default), and
+  takes the process's back with a stop (``unthrottle``), where the system lets it;
+- follows the store deadline the parent sets (``set_store_deadline``) while a job runs: a
+  stop or a reclaim notice reaches a publish in flight;
+- where it cannot read its parent's memory (a kernel or a seccomp filter that refuses
+  ``process_vm_readv``), says so at its start, and the parent publishes on its own thread.
+
+Run as ``python -m restorepoint.ops.publish_process``; it imports no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import json
+import logging
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import IO, Any, BinaryIO
+
+import restorepoint
+
+from .. import errors
+from .._posix import allow_reader, die_with_parent, read_memory
+from ..errors import RestorePointError
+from ..storage import deadline_left, set_store_deadline, watch_store_deadline
+from ._increment import Rest
+from .publish import HeadSpec, PackOptions, publish
+from .store import KeepBest
+
+__all__ = ["Peer", "PublishProcess", "RemoteResult", "available", "main"]
+
+log = logging.getLogger("restorepoint")
+
+#: How long the child may take to start and answer (its imports: about 0.3 s idle).
+START_TIMEOUT = 60.0
+_LEN = struct.Struct("<Q")
+
+
+def available() -> bool:
+    """Whether this platform has what the child needs (Linux's ``process_vm_readv``)."""
+    return sys.platform.startswith("linux")
+
+
+# -- the wire: frames of a length and a body --------------------------------------------------
+
+
+def _send(out: IO[bytes], body: bytes) -> None:
+    out.write(_LEN.pack(len(body)) + body)
+    out.flush()
+
+
+def _receive(inp: IO[bytes]) -> bytes | None:
+    """One frame's body, or None at the end of the stream (the other side has gone)."""
+    head = inp.read(_LEN.size)
+    if len(head) < _LEN.size:
+        return None
+    (length,) = _LEN.unpack(head)
+    body = inp.read(length)
+    return body if len(body) == length else None
+
+
+# -- what the parent hands over -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A payload file's bytes in the parent's memory: ``head`` (bytes), then each region
+    (address, length) in order. The parent keeps that memory alive and unchanged until the
+    job's outcome is back."""
+
+    head: bytes
+    regions: tuple[tuple[int, int], ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + sum(length for _, length in self.regions)
+
+
+class _PeerSource:
+    """A payload file of ``ops.publish``'s ``memory``, read out of the parent's memory."""
+
+    def __init__(self, pid: int, peer: Peer) -> None:
+        self._pid = pid
+        self._peer = peer
+
+    @property
+    def size(self) -> int:
+        return self._peer.size
+
+    def open(self) -> BinaryIO:
+        return _PeerReader(self._pid, self._peer)  # type: ignore[return-value]
+
+
+class _PeerReader(io.RawIOBase):
+    """The bytes of a Peer in order, each read one copy out of the parent's memory into a
+    buffer of its own (uninitialised: numpy's where the child has it)."""
+
+    def __init__(self, pid: int, peer: Peer) -> None:
+        super().__init__()
+        self._pid = pid
+        self._pieces: list[bytes | tuple[int, int]] = [peer.head, *peer.regions]
+        self._size = peer.size
+        self._piece = 0
+        self._at = 0
+        self._done = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1, /) -> bytes:
+        want = min(self._size - self._done, self._size if n is None or n < 0 else n)
+        if want <= 0:
+            return b""
+        buffer, base = _buffer(want)
+        got = 0
+        while got < want:
+            piece = self._pieces[self._piece]
+            length = len(piece) if isinstance(piece, bytes) else piece[1]
+            take = min(want - got, length - self._at)
+            if isinstance(piece, bytes):
+                buffer[got : got + take] = piece[self._at : self._at + take]
+            else:
+                read_memory(self._pid, piece[0] + self._at, base + got, take)
+            got += take
+            self._at += take
+            if self._at == length:
+                self._piece += 1
+                self._at = 0
+        self._done += want
+        return buffer.toreadonly()  # type: ignore[return-value]
+
+
+def _buffer(size: int) -> tuple[memoryview, int]:
+    """``size`` writable bytes and their address: numpy's uninitialised array where the
+    child has numpy (a bytearray's zero fill is a pass over the bytes for nothing)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        array = numpy.empty(size, numpy.uint8)
+        return memoryview(array), int(array.ctypes.data)
+    raw = bytearray(size)
+    return memoryview(raw), ctypes.addressof((ctypes.c_char * size).from_buffer(raw))
+
+
+# -- the parent's side --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteResult:
+    """What the parent learns of a publish the child made (``PublishResult``'s figures)."""
+
+    url: str
+    size: int
+    incremental: str | None
+    reused: int | None
+    choices: dict[str, Any] | None
+    prune_error: RestorePointError | None
+
+
+class Unavailable(RestorePointError):
+    """The child cannot publish here (it did not start, or cannot read its parent's memory):
+    the caller publishes in its own process."""
+
+
+class PublishProcess:
+    """The parent's handle on the child. ``start`` (from the thread that will outlive every
+    job: the child dies with it), then ``publish`` one job at a time, ``close`` at the end.
+    Thread-safe for ``set_deadline`` and ``unthrottle`` beside a ``publish``."""
+
+    def __init__(self, python: str | None = None) -> None:
+        self._python = python or sys.executable
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        #: A job in flight (its answer not yet read).
+        self._busy = False
+        self._unwatch: Callable[[], None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
+
+    def peak_rss(self) -> int | None:
+        """The child's peak resident set so far, in bytes (None where it cannot be read)."""
+        if self._child is None:
+            return None
+        try:
+            with open(f"/proc/{self._child.pid}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def start(self) -> None:
+        """Start the child and check that it reads this process's memory; Unavailable
+        where it cannot (the child is then gone)."""
+        if self._child is not None:
+            return
+        if not available():
+            raise Unavailable("a publish in a process of its own needs Linux")
+        # The child imports this very package, wherever the parent found it.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(restorepoint.__file__)))
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+        try:
+            child = subprocess.Popen(
+                [self._python, "-m", "restorepoint.ops.publish_process", str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+                env=env,
+            )
+        except OSError as exc:
+            raise Unavailable(f"the publish process did not start: {exc.strerror}") from None
+        allow_reader(child.pid)
+        self._child = child
+        # A few bytes of this process that the child must read back as they are.
+        probe = bytearray(os.urandom(16))
+        address = ctypes.addressof((ctypes.c_char * len(probe)).from_buffer(probe))
+        try:
+            answer = self._call({"kind": "hello", "probe": (address, bytes(probe))}, START_TIMEOUT)
+        except Unavailable:
+            self._kill()
+            raise
+        if not answer.get("ok"):
+            self._kill()
+            raise Unavailable(
+                "the publish process cannot read the training process's memory: "
+                + str(answer.get("error", "unknown"))
+            )
+        self._unwatch = watch_store_deadline(self.set_deadline)
+
+    def publish(  # noqa: PLR0913 - ops.publish's arguments, carried to the child whole
+        self,
+        source: str,
+        dest: str,
+        head: HeadSpec,
+        options: PackOptions,
+        *,
+        memory: Mapping[str, Peer | bytes],
+        keep_last: int | None = None,
+        keep_best: KeepBest | None = None,
+        expect: float | None = None,
+        deadline: float | None = None,
+    ) -> RemoteResult:
+        """One publish in the child; the RestorePointError it raised is raised here (a
+        child that died midway: RestorePointError, and the next job starts a new one)."""
+        self.start()
+        sign = tuple(key.private_bytes_raw() for key in options.sign)
+        job = {
+            "kind": "job",
+            "source": source,
+            "dest": dest,
+            "head": head,
+            "options": replace(options, sign=()),
+            "sign": sign,
+            "memory": dict(memory),
+            "keep_last": keep_last,
+            "keep_best": keep_best,
+            "expect": expect,
+            "deadline": deadline,
+        }
+        self._busy = True
+        try:
+            answer = self._call(job, None)
+        except Unavailable as exc:
+            self._kill()
+            raise RestorePointError(f"the publish process ended: {exc.message}") from None
+        finally:
+            self._busy = False
+        if not answer.get("ok"):
+            raise _error(answer)
+        prune = answer.get("prune_error")
+        return RemoteResult(
+            url=str(answer["url"]),
+            size=int(answer["size"]),
+            incremental=answer.get("incremental"),
+            reused=answer.get("reused"),
+            choices=answer.get("choices"),
+            prune_error=_error(prune) if prune else None,
+        )
+
+    def set_deadline(self, when: float | None) -> None:
+        """Carry a store deadline to the child (a stop, a reclaim notice)."""
+        self._tell({"kind": "deadline", "at": when})
+
+    def unthrottle(self) -> None:
+        """Training waits for the publish now: the child takes this process's priority back
+        where the system lets it (its threads, one by one)."""
+        with contextlib.suppress(OSError):
+            self._tell({"kind": "nice", "value": os.getpriority(os.PRIO_PROCESS, 0)})
+
+    def ping(self) -> dict[str, Any]:
+        """The child's state (its deadline and priority): for tests and diagnostics."""
+        return self._call({"kind": "ping"}, START_TIMEOUT)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the child: its input closed, then killed if it has not ended in ``timeout``.
+        A publish still in flight (a run that left it, as an in-process publish is left to
+        its daemon thread) is not waited for: the child ends after it."""
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        child, self._child = self._child, None
+        if child is None:
+            return
+        with self._lock, contextlib.suppress(OSError):
+            assert child.stdin is not None
+            child.stdin.close()
+        if self._busy:
+            return
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+    def _kill(self) -> None:
+        child, self._child = self._child, None
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        if child is None:
+            return
+        with contextlib.suppress(OSError):
+            child.kill()
+        child.wait()
+        for stream in (child.stdin, child.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+
+    def _tell(self, message: dict[str, Any]) -> None:
+        child = self._child
+        if child is None:
+            return
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            assert child.stdin is not None
+            _send(child.stdin, pickle.dumps(message))
+
+    def _call(self, message: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        """Send ``message`` and read the child's answer (JSON). One call at a time: the
+        snapshot worker's thread makes them."""
+        child = self._child
+        if child is None:
+            raise Unavailable("no publish process")
+        assert child.stdin is not None
+        assert child.stdout is not None
+        try:
+            with self._lock:
+                _send(child.stdin, pickle.dumps(message))
+        except (OSError, ValueError):
+            raise Unavailable(self._why_gone(child)) from None
+        body = _receive_within(child.stdout, timeout)
+        if body is None:
+            raise Unavailable(self._why_gone(child))
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            raise Unavailable("the publish process answered what is not JSON") from None
+        if not isinstance(answer, dict):
+            raise Unavailable("the publish process answered what is not an object")
+        return answer
+
+    @staticmethod
+    def _why_gone(child: subprocess.Popen[bytes]) -> str:
+        try:
+            code = child.wait(1.0)
+        except subprocess.TimeoutExpired:
+            return "the publish process stopped answering"
+        if code < 0:
+            return f"the publish process was killed by signal {-code}"
+        return f"the publish process exited with {code}"
+
+
+def _receive_within(stream: IO[bytes], timeout: float | None) -> bytes | None:
+    """A frame from ``stream``; None at its end, or after ``timeout`` seconds (then the
+    caller kills the child, which ends the read left behind)."""
+    if timeout is None:
+        return _receive(stream)
+    box: list[bytes | None] = []
+    reader = threading.Thread(target=lambda: box.append(_receive(stream)), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return box[0] if box else None
+
+
+def _error(answer: Mapping[str, Any]) -> RestorePointError:
+    """The child's error, as the class it named where that is one of ours (its message is
+    data: printed through the error's own escaping, as any store's text)."""
+    cls = getattr(errors, str(answer.get("class")), None)
+    if not (isinstance(cls, type) and issubclass(cls, RestorePointError)) or cls is Unavailable:
+        cls = RestorePointError
+    url = answer.get("url")
+    return cls(str(answer.get("message", "")), url=url if isinstance(url, str) else None)
+
+
+# -- the child's side -----------------------------------------------------------------------------
+
+
+def _outcome(result: Any) -> dict[str, Any]:
+    pack = result.pack
+    prune = result.prune_error
+    return {
+        "kind": "done",
+        "ok": True,
+        "url": result.url,
+        "size": pack.size,
+        "incremental": pack.incremental,
+        "reused": pack.reused,
+        "choices": pack.choices.to_dict() if pack.choices is not None else None,
+        "prune_error": _failure(prune) if prune is not None else None,
+    }
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, RestorePointError):
+        return {
+            "kind": "done",
+            "ok": False,
+            "class": type(exc).__name__,
+            "message": exc.message,
+            "url": exc.url,
+        }
+    return {"kind": "done", "ok": False, "class": None, "message": f"{type(exc).__name__}: {exc}"}
+
+
+def _set_nice(value: int) -> None:
+    """Every thread of this process at ``value`` (on Linux a nice value is per thread)."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError, ValueError):
+            os.setpriority(os.PRIO_PROCESS, int(task), value)
+
+
+def _job(parent: int, job: dict[str, Any], rest: Rest) -> dict[str, Any]:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    options: PackOptions = job["options"]
+    if job["sign"]:
+        keys = tuple(Ed25519PrivateKey.from_private_bytes(raw) for raw in job["sign"])
+        options = replace(options, sign=keys)
+    memory = {
+        name: _PeerSource(parent, item) if isinstance(item, Peer) else _Bytes(item)
+        for name, item in job["memory"].items()
+    }
+    rest.expect(job["expect"])
+    set_store_deadline(job["deadline"])
+    result = publish(
+        job["source"],
+        job["dest"],
+        job["head"],
+        options,
+        keep_last=job["keep_last"],
+        keep_best=job["keep_best"],
+        memory=memory,
+        rest=rest,
+    )
+    return _outcome(result)
+
+
+class _Bytes:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def open(self) -> BinaryIO:
+        return io.BytesIO(self.data)
+
+
+class _Child:
+    """The child's two threads: one hears the parent (a deadline or a priority at once, a
+    job queued), the other publishes the jobs one at a time and answers each."""
+
+    def __init__(self, parent: int, inp: IO[bytes], out: IO[bytes]) -> None:
+        self.parent = parent
+        self._inp = inp
+        self._out = out
+        self._out_lock = threading.Lock()
+        self._jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def answer(self, doc: Mapping[str, Any]) -> None:
+        with self._out_lock:
+            _send(self._out, json.dumps(doc).encode())
+
+    def hello(self, message: dict[str, Any]) -> None:
+        """Read the parent's probe bytes back: whether this child can read its memory."""
+        address, probe = message["probe"]
+        seen = bytearray(len(probe))
+        try:
+            into = ctypes.addressof((ctypes.c_char * len(seen)).from_buffer(seen))
+            read_memory(self.parent, address, into, len(seen))
+        except OSError as exc:
+            self.answer({"kind": "ready", "ok": False, "error": exc.strerror or str(exc)})
+            return
+        ok = bytes(seen) == probe
+        self.answer({"kind": "ready", "ok": ok, "error": "" if ok else "the bytes read differ"})
+
+    def listen(self) -> None:
+        try:
+            self._hear()
+        finally:
+            # However the input ends (the parent gone, or a bug here), the child ends after
+            # the job in hand: a parent waiting for an answer then reads the end.
+            self._jobs.put(None)
+
+    def _hear(self) -> None:
+        while (body := _receive(self._inp)) is not None:
+            message = pickle.loads(body)  # noqa: S301 - the parent's own values (module docstring)
+            kind = message["kind"]
+            if kind == "deadline":
+                set_store_deadline(message["at"])
+            elif kind == "nice":
+                _set_nice(message["value"])
+            elif kind == "hello":
+                self.hello(message)
+            elif kind == "ping":
+                left = deadline_left()
+                self.answer({"kind": "pong", "deadline_left": left, "nice": os.nice(0)})
+            else:
+                self._jobs.put(message)
+
+    def run(self) -> None:
+        threading.Thread(target=self.listen, name="rp-listen", daemon=True).start()
+        rest = Rest()
+        while (job := self._jobs.get()) is not None:
+            try:
+                outcome = _job(self.parent, job, rest)
+            except Exception as exc:  # every failure goes back to the parent, as data
+                outcome = _failure(exc)
+            self.answer(outcome)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: ``python -m restorepoint.ops.publish_process PARENT_PID``."""
+    args = sys.argv[1:] if argv is None else argv
+    parent = int(args[0])
+    if not die_with_parent(parent):
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="restorepoint (publish process): %(message)s")
+    with contextlib.suppress(ImportError):
+        # The planes split's strided copies release the GIL with numpy (format/codecs.py).
+        import numpy  # noqa: F401
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    # Nothing else may write to the frames' stream.
+    sys.stdout = sys.stderr
+    _Child(parent, inp, out).run()
+    return 0
+
+
+if __name__ == "__main__":
+    # Run as the package's module, not as __main__: the classes the parent pickles (Peer)
+    # are then the ones the child's code knows.
+    from restorepoint.ops.publish_process import main as _main
+
+    raise SystemExit(_main())

@@ -1,0 +1,386 @@
+"""ResumableRun(background="process"): each snapshot is published by a process of its own,
+which reads the snapshot's copy out of the training process's memory
+(restorepoint/ops/publish_process.py). The restore point is the one the thread publishes
+(it verifies, is signed when the run signs, and resumes bit for bit, from a local store and
+from S3); the child runs at the worker's priority, follows the store deadline, and dies with
+the training process; a child killed mid-publish is one failed upload and the next snapshot
+starts a new one; a SIGKILL of the training process at any moment of a publish leaves the
+store's previous restore point the newest and whole; where the child cannot start, the run
+says so once and publishes on its thread."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
+
+import restorepoint  # noqa: E402
+from restorepoint.errors import UsageError  # noqa: E402
+from restorepoint.ops import publish_process  # noqa: E402
+from restorepoint.storage import set_store_deadline  # noqa: E402
+from restorepoint.torch import ResumableRun  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not publish_process.available(), reason="the publish process needs Linux"
+)
+
+CONFIG = {"lr": 0.01, "seed": 3}
+
+
+def _trained(seed: int = 0) -> tuple[Any, Any]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 64))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        model(torch.randn(8, 256)).square().mean().backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _nice(pid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie not yet reaped by its parent counts as gone.
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _resumed_equal(store: str, model: Any, optimizer: Any, where: Path, **options: Any) -> None:
+    again, opt = _trained(seed=1)
+    with ResumableRun(CONFIG, run_dir=where, store=store, final_snapshot=False, **options) as run:
+        run.track(model=again, optimizer=opt)
+        assert run.resume() is not None
+    torch.testing.assert_close(again.state_dict(), model.state_dict(), rtol=0, atol=0)
+    torch.testing.assert_close(opt.state_dict(), optimizer.state_dict(), rtol=0, atol=0)
+
+
+def test_a_process_publish_verifies_and_resumes_bit_for_bit(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
+    with ResumableRun(
+        CONFIG, run_dir=run_dir, store=store, final_snapshot=False, background="process"
+    ) as run:
+        run.track(model=model, optimizer=optimizer)
+        for _ in range(2):
+            run.commit()
+            run.snapshot(wait=True)
+        process = run.publisher.process
+        assert process is not None
+        assert process.pid is not None
+        child = process.pid
+        # One child for the run, at the snapshot worker's priority (nice +10 by default).
+        assert _nice(child) == min(19, _nice(0) + 10)
+        assert run.worker.native_id is not None
+        assert _nice(child) == _nice(run.worker.native_id)
+        assert [u["ok"] for u in run.uploads] == [True, True]
+        uploaded = [e for e in _events(run_dir) if e["event"] == "uploaded"]
+        assert [e["step"] for e in uploaded] == [1, 2]
+        assert all(e["bytes"] > 0 for e in uploaded)
+    assert not _alive(child)
+    entries = restorepoint.list_store(store)
+    assert sorted(e.step for e in entries) == [1, 2]
+    for entry in entries:
+        assert restorepoint.verify(entry.url).manifest.run == run.run_id
+    # The payload is what the run directory holds: last.pt and its position, digest for digest.
+    report = restorepoint.verify(max(entries, key=lambda e: e.step).url)
+    on_disk = hashlib.sha256((run_dir / "checkpoints" / "last.pt").read_bytes()).hexdigest()
+    assert {e.path: e.sha256 for e in report.manifest.payload or ()}["last.pt"] == on_disk
+    _resumed_equal(store, model, optimizer, tmp_path / "again")
+
+
+def test_the_process_publish_signs_with_the_runs_key(tmp_path: Path) -> None:
+    key, public = restorepoint.trust.generate(tmp_path / "signer")
+    model, optimizer = _trained()
+    store = f"{tmp_path / 'store'}/"
+    with ResumableRun(
+        CONFIG, run_dir=tmp_path / "run", store=store, final_snapshot=False,
+        background="process", sign=key,
+    ) as run:  # fmt: skip
+        run.track(model=model, optimizer=optimizer)
+        run.commit()
+        run.snapshot(wait=True)
+        assert run.publisher.process is not None
+        assert run.uploads[-1]["ok"], run.uploads
+    (entry,) = restorepoint.list_store(store)
+    raw = restorepoint.trust.raw_public(restorepoint.trust.load_signing_key(key))
+    assert restorepoint.verify(entry.url).signed_by == (restorepoint.trust.key_id(raw),)
+    assert public.exists()
+
+
+def test_the_store_deadline_reaches_the_publish_process(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
+    with ResumableRun(
+        CONFIG, run_dir=run_dir, store=store, final_snapshot=False, background="process"
+    ) as run:
+        run.track(model=model, optimizer=optimizer)
+        run.commit()
+        run.snapshot(wait=True)
+        process = run.publisher.process
+        assert process is not None
+        assert process.ping()["deadline_left"] is None
+        try:
+            set_store_deadline(time.monotonic() + 300)
+            left = process.ping()["deadline_left"]
+            assert 250 < left <= 300
+            # Under a deadline the adaptive codec choice is on (spec 13, W4b): the publish
+            # in the child records what it chose against the deadline.
+            run.commit()
+            run.snapshot(wait=True)
+            choices = run.uploads[-1]["codec_choices"]
+            assert choices["deadline_left_s"] is not None
+            assert 0 < choices["deadline_left_s"] <= 300
+        finally:
+            set_store_deadline(None)
+        assert process.ping()["deadline_left"] is None
+
+
+def test_a_child_killed_mid_publish_is_one_failed_upload(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
+    with ResumableRun(
+        CONFIG, run_dir=run_dir, store=store, final_snapshot=False, background="process"
+    ) as run:
+        run.track(model=model, optimizer=optimizer)
+        run.commit()
+        run.snapshot(wait=True)
+        process = run.publisher.process
+        assert process is not None
+        first = process.pid
+        assert first is not None
+        # Stopped, the child takes the job and cannot answer; killed, the job fails.
+        os.kill(first, signal.SIGSTOP)
+        run.commit()
+        run.snapshot()
+        time.sleep(0.5)
+        os.kill(first, signal.SIGKILL)
+        run.wait()
+        assert [u["ok"] for u in run.uploads] == [True, False]
+        assert "killed by signal 9" in run.uploads[-1]["error"]
+        # The next snapshot starts a new child, and publishes.
+        run.commit()
+        run.snapshot(wait=True)
+        assert run.uploads[-1]["ok"], run.uploads
+        assert process.pid not in (None, first)
+    failed = [e for e in _events(run_dir) if e["event"] == "upload_failed"]
+    assert [e["step"] for e in failed] == [2]
+    assert sorted(e.step for e in restorepoint.list_store(store)) == [1, 3]
+
+
+def test_without_a_publish_process_the_run_says_so_and_publishes_on_its_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = publish_process.PublishProcess.__init__
+
+    def nowhere(self: Any, python: str | None = None) -> None:
+        real(self, str(tmp_path / "no-such-python"))
+
+    monkeypatch.setattr(publish_process.PublishProcess, "__init__", nowhere)
+    model, optimizer = _trained()
+    store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
+    with ResumableRun(
+        CONFIG, run_dir=run_dir, store=store, final_snapshot=False, background="process"
+    ) as run:
+        run.track(model=model, optimizer=optimizer)
+        run.commit()
+        run.snapshot(wait=True)
+        assert run.publisher.process is None
+        assert run.uploads[-1]["ok"], run.uploads
+    (said,) = [e for e in _events(run_dir) if e["event"] == "publish_process_unavailable"]
+    assert "the publish process did not start" in said["error"]
+    assert "publishing in the training process instead" in caplog.text
+    _resumed_equal(store, model, optimizer, tmp_path / "again")
+
+
+def test_background_is_thread_or_process(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="background must be one of thread, process"):
+        ResumableRun(CONFIG, run_dir=tmp_path / "run", background="fork")
+
+
+@pytest.mark.s3
+def test_a_process_publish_to_s3_resumes_bit_for_bit(
+    tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    model, optimizer = _trained()
+    store = f"s3://{s3_bucket}/process/"
+    options = s3_storage_options
+    with ResumableRun(
+        CONFIG, run_dir=tmp_path / "run", store=store, storage_options=options,
+        final_snapshot=False, background="process",
+    ) as run:  # fmt: skip
+        run.track(model=model, optimizer=optimizer)
+        run.commit()
+        run.snapshot(wait=True)
+        assert run.publisher.process is not None
+        assert run.uploads[-1]["ok"], run.uploads
+    (entry,) = restorepoint.list_store(store, storage_options=options)
+    restorepoint.verify(entry.url, storage_options=options)
+    _resumed_equal(store, model, optimizer, tmp_path / "again", storage_options=options)
+
+
+TRAINER = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    from restorepoint.torch import ResumableRun
+
+    run_dir, store = sys.argv[1], sys.argv[2]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2048, 2048)  # 16 MiB: a publish of a few tenths of a second
+    with ResumableRun({"lr": 0.01}, run_dir=run_dir, store=store, final_snapshot=False,
+                      background="process") as run:
+        run.track(model=model)
+        run.commit()
+        run.snapshot(wait=True)
+        assert run.uploads[-1]["ok"], run.uploads
+        print("published", run.uploads[-1]["url"], run.publisher.process.pid, flush=True)
+        for _ in range(1000):
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            run.commit()
+            run.snapshot(wait=True)
+            print("published", run.uploads[-1]["url"], flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_kill_during_a_process_publish_leaves_the_store_whole(tmp_path: Path, seed: int) -> None:
+    """SIGKILL of the training process at a random moment of its publishes: the child dies
+    with it, and every restore point the store lists is whole and verifies, the newest
+    published one among them."""
+    store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(run_dir), store],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    assert line[0] == "published", line
+    child = int(line[2])
+    time.sleep(random.Random(seed).uniform(0.05, 1.5))
+    proc.kill()
+    rest, _ = proc.communicate(timeout=60)
+    published = [line[1]] + [
+        words[1] for words in (x.split() for x in rest.splitlines()) if words[:1] == ["published"]
+    ]
+    # The child dies with the training process (PR_SET_PDEATHSIG).
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+    entries = restorepoint.list_store(store)
+    assert published[-1] in [e.url for e in entries]
+    for entry in entries:
+        restorepoint.verify(entry.url)
+    model = torch.nn.Linear(2048, 2048)
+    with ResumableRun(
+        {"lr": 0.01}, run_dir=tmp_path / "fresh", store=store, final_snapshot=False
+    ) as run:
+        run.track(model=model)
+        assert run.resume().step == max(e.step for e in entries)
+
+
+STOPPED = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    from restorepoint.torch import ResumableRun
+
+    run_dir, store = sys.argv[1], sys.argv[2]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 512)
+    with ResumableRun({"lr": 0.01}, run_dir=run_dir, store=store, background="process") as run:
+        run.track(model=model)
+        for step in range(10_000):
+            with torch.no_grad():
+                model.weight.mul_(0.999)
+            run.commit()
+            print("step", run.step, run.publisher.process.pid, flush=True)
+            time.sleep(0.02)
+    """
+)
+
+
+def test_a_stop_publishes_through_the_process_and_exits_42(tmp_path: Path) -> None:
+    store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
+    script = tmp_path / "trainer.py"
+    script.write_text(STOPPED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(run_dir), store],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        words = line.split()
+        if words[:2] == ["step", "5"]:
+            child = int(words[2])
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 42, err
+    events = _events(run_dir)
+    (shutdown,) = [e for e in events if e["event"] == "graceful_shutdown"]
+    assert shutdown["upload_finished"] is True
+    (uploaded,) = [e for e in events if e["event"] == "uploaded"]
+    assert uploaded["step"] == shutdown["step"] >= 5
+    (entry,) = restorepoint.list_store(store)
+    assert restorepoint.verify(entry.url).manifest.position.step == shutdown["step"]
+    assert not _alive(child)
+
+
+def test_read_memory_copies_another_process_memory_or_refuses() -> None:
+    import ctypes
+
+    from restorepoint._posix import read_memory
+
+    source = bytearray(os.urandom(1 << 16))
+    into = bytearray(len(source))
+    address = ctypes.addressof((ctypes.c_char * len(source)).from_buffer(source))
+    target = ctypes.addressof((ctypes.c_char * len(into)).from_buffer(into))
+    read_memory(os.getpid(), address, target, len(source))
+    assert into == source
+    # Memory that is not mapped there is an OSError, never bytes made up.
+    with pytest.raises(OSError, match="process_vm_readv"):
+        read_memory(os.getpid(), 8, target, 16)
+
+
+def test_the_publish_process_imports_no_torch() -> None:
+    code = (
+        "import sys, restorepoint.ops.publish_process\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"

@@ -6,6 +6,8 @@ a file and read back first."""
 
 from __future__ import annotations
 
+import ctypes
+import io
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +17,7 @@ from typing import BinaryIO, Protocol
 from ..errors import MalformedManifest, NotFound, SourceError
 from ..format import check_paths
 
-__all__ = ["InMemory", "SourceFile", "list_source"]
+__all__ = ["BytesFile", "InMemory", "PiecesReader", "SourceFile", "list_source"]
 
 
 class InMemory(Protocol):
@@ -25,6 +27,89 @@ class InMemory(Protocol):
     def size(self) -> int: ...
 
     def open(self) -> BinaryIO: ...
+
+
+class BytesFile:
+    """A small payload file in memory (a position sidecar): an InMemory of ``data``."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def open(self) -> BinaryIO:
+        return io.BytesIO(self.data)
+
+
+#: A piece of an in-memory file: bytes, or (address, length) of memory that ``fetch`` copies.
+Piece = bytes | tuple[int, int]
+
+
+class PiecesReader(io.RawIOBase):
+    """An in-memory file laid out as pieces, read in order (or from where ``seek`` puts it:
+    an incremental publish hashes a sample of chunks before it writes, spec 28.4, W4c), each
+    read one copy into a buffer of its own. A subclass says where a read's buffer is
+    (``allocate``: its address, and the read-only view returned) and how memory is copied
+    (``fetch``: out of this process's tensors, or out of another process)."""
+
+    def __init__(self, pieces: Sequence[Piece]) -> None:
+        super().__init__()
+        self._pieces = list(pieces)
+        self._size = sum(len(p) if isinstance(p, bytes) else p[1] for p in self._pieces)
+        self._piece = 0
+        self._at = 0
+        self._done = 0
+
+    def allocate(self, size: int) -> tuple[int, memoryview]:
+        raise NotImplementedError
+
+    def fetch(self, into: int, address: int, length: int) -> None:
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._done
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET, /) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._done, io.SEEK_END: self._size}[whence]
+        target = min(max(0, base + offset), self._size)
+        self._piece, self._at, self._done = 0, target, target
+        for piece in self._pieces:
+            length = len(piece) if isinstance(piece, bytes) else piece[1]
+            if self._at < length:
+                break
+            self._at -= length
+            self._piece += 1
+        return target
+
+    def read(self, n: int = -1, /) -> bytes:
+        want = min(self._size - self._done, self._size if n is None or n < 0 else n)
+        if want <= 0:
+            return b""
+        base, view = self.allocate(want)
+        got = 0
+        while got < want:
+            piece = self._pieces[self._piece]
+            length = len(piece) if isinstance(piece, bytes) else piece[1]
+            take = min(want - got, length - self._at)
+            if isinstance(piece, bytes):
+                ctypes.memmove(base + got, piece[self._at : self._at + take], take)
+            else:
+                self.fetch(base + got, piece[0] + self._at, take)
+            got += take
+            self._at += take
+            if self._at == length:
+                self._piece += 1
+                self._at = 0
+        self._done += want
+        return view  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import io
 import json
 import logging
 import os
@@ -51,6 +50,7 @@ from .._posix import allow_reader, die_with_parent, read_memory
 from ..errors import RestorePointError
 from ..storage import deadline_left, set_store_deadline, watch_store_deadline
 from ._increment import Rest
+from ._source import BytesFile, PiecesReader
 from .publish import HeadSpec, PackOptions, publish
 from .store import KeepBest
 
@@ -118,54 +118,26 @@ class _PeerSource:
         return _PeerReader(self._pid, self._peer)  # type: ignore[return-value]
 
 
-class _PeerReader(io.RawIOBase):
-    """The bytes of a Peer in order, each read one copy out of the parent's memory into a
-    buffer of its own (uninitialised: numpy's where the child has it)."""
+class _PeerReader(PiecesReader):
+    """The bytes of a Peer, each read one copy out of the parent's memory into a buffer of
+    its own (uninitialised: numpy's where the child has it; a bytearray's zero fill is a pass
+    over the bytes for nothing)."""
 
     def __init__(self, pid: int, peer: Peer) -> None:
-        super().__init__()
+        super().__init__([peer.head, *peer.regions])
         self._pid = pid
-        self._pieces: list[bytes | tuple[int, int]] = [peer.head, *peer.regions]
-        self._size = peer.size
-        self._piece = 0
-        self._at = 0
-        self._done = 0
 
-    def readable(self) -> bool:
-        return True
+    def allocate(self, size: int) -> tuple[int, memoryview]:
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            array = numpy.empty(size, numpy.uint8)
+            return int(array.ctypes.data), memoryview(array).toreadonly()
+        raw = bytearray(size)
+        address = ctypes.addressof((ctypes.c_char * size).from_buffer(raw))
+        return address, memoryview(raw).toreadonly()
 
-    def read(self, n: int = -1, /) -> bytes:
-        want = min(self._size - self._done, self._size if n is None or n < 0 else n)
-        if want <= 0:
-            return b""
-        buffer, base = _buffer(want)
-        got = 0
-        while got < want:
-            piece = self._pieces[self._piece]
-            length = len(piece) if isinstance(piece, bytes) else piece[1]
-            take = min(want - got, length - self._at)
-            if isinstance(piece, bytes):
-                buffer[got : got + take] = piece[self._at : self._at + take]
-            else:
-                read_memory(self._pid, piece[0] + self._at, base + got, take)
-            got += take
-            self._at += take
-            if self._at == length:
-                self._piece += 1
-                self._at = 0
-        self._done += want
-        return buffer.toreadonly()  # type: ignore[return-value]
-
-
-def _buffer(size: int) -> tuple[memoryview, int]:
-    """``size`` writable bytes and their address: numpy's uninitialised array where the
-    child has numpy (a bytearray's zero fill is a pass over the bytes for nothing)."""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        array = numpy.empty(size, numpy.uint8)
-        return memoryview(array), int(array.ctypes.data)
-    raw = bytearray(size)
-    return memoryview(raw), ctypes.addressof((ctypes.c_char * size).from_buffer(raw))
+    def fetch(self, into: int, address: int, length: int) -> None:
+        read_memory(self._pid, address, into, length)
 
 
 # -- the parent's side --------------------------------------------------------------------------
@@ -469,7 +441,7 @@ def _job(parent: int, job: dict[str, Any], rest: Rest) -> dict[str, Any]:
         keys = tuple(Ed25519PrivateKey.from_private_bytes(raw) for raw in job["sign"])
         options = replace(options, sign=keys)
     memory = {
-        name: _PeerSource(parent, item) if isinstance(item, Peer) else _Bytes(item)
+        name: _PeerSource(parent, item) if isinstance(item, Peer) else BytesFile(item)
         for name, item in job["memory"].items()
     }
     rest.expect(job["expect"])
@@ -485,18 +457,6 @@ def _job(parent: int, job: dict[str, Any], rest: Rest) -> dict[str, Any]:
         rest=rest,
     )
     return _outcome(result)
-
-
-class _Bytes:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-    def open(self) -> BinaryIO:
-        return io.BytesIO(self.data)
 
 
 class _Child:

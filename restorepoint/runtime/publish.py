@@ -24,7 +24,6 @@ snapshot needs: the last snapshot's size, or before the first one the tracked st
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -32,14 +31,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from .._posix import atomic_write
 from ..errors import RestorePointError
 from ..format import PartRef, Position
-from ..ops._source import InMemory
+from ..ops._source import BytesFile, InMemory
 from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.publish_process import Peer, PublishProcess, RemoteResult, Unavailable
@@ -97,20 +96,6 @@ def rank_file(rank: int, world: int) -> str:
     return "last.pt" if world == 1 else f"last.rank{rank}.pt"
 
 
-class _Bytes:
-    """A small payload file in memory (the position sidecar)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-    def open(self) -> BinaryIO:
-        return io.BytesIO(self.data)
-
-
 def _peers(memory: Mapping[str, InMemory]) -> dict[str, Peer | bytes] | None:
     """The payload files in memory as the publish process reads them (a snapshot image: where
     its tensors lie in this process; a small file: its bytes), or None when one of them is
@@ -119,7 +104,7 @@ def _peers(memory: Mapping[str, InMemory]) -> dict[str, Peer | bytes] | None:
     for name, item in memory.items():
         if isinstance(item, SnapshotImage):
             out[name] = Peer(item.head, tuple(item.regions))
-        elif isinstance(item, _Bytes):
+        elif isinstance(item, BytesFile):
             out[name] = item.data
         else:
             return None
@@ -316,7 +301,7 @@ class Publisher:
         saver = threading.Thread(target=save, name="rp-save", daemon=True)
         saver.start()
         try:
-            self._publish(snap, {target.name: image, POSITION_FILE: _Bytes(position)})
+            self._publish(snap, {target.name: image, POSITION_FILE: BytesFile(position)})
         finally:
             saver.join()
         if failed:

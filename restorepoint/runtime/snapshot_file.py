@@ -20,7 +20,6 @@ once, with the dtype and shape the file records for it.
 from __future__ import annotations
 
 import ctypes
-import io
 import json
 import math
 import os
@@ -39,6 +38,7 @@ from .._posix import HUGE_ADVICE, advise_huge_pages, populate
 from ..errors import IntegrityError, MissingExtra, UsageError, at_url
 from ..format._json import CanonicalizationError, canonical_dumps, strict_loads
 from ..format.limits import MAX_SAFE_INTEGER
+from ..ops._source import PiecesReader
 from .held import Fill, Held, Share
 
 __all__ = [
@@ -207,71 +207,28 @@ class SnapshotImage:
         return cast(BinaryIO, ImageReader(self))
 
 
-class ImageReader(io.RawIOBase):
+class ImageReader(PiecesReader):
     """A snapshot image read in order, each read one copy out of the tensors' memory into a
-    read-only, bytes-like buffer of its own."""
+    read-only, bytes-like buffer of its own.
+
+    One buffer per read, filled piece by piece: one copy of each byte, whatever tensors the
+    read spans (measured: a third less CPU than a copy per piece joined; a view of a tensor's
+    memory instead was slower while chunks were named, since the copy brings the chunk into
+    the cache for the passes after it, and is no faster now: docs/performance.md). Neither its
+    allocation nor the copies hold the GIL for long: torch.empty does not zero it (a
+    bytearray's zero fill of 16 MiB held the GIL for about 9 ms, which the training thread
+    waited out at its next operations), and ctypes.memmove runs without the GIL."""
 
     def __init__(self, image: SnapshotImage) -> None:
-        super().__init__()
-        self._pieces: list[tuple[int, int] | bytes] = [image.head, *image.regions]
-        self._size = image.size
+        super().__init__([image.head, *image.regions])
         self._image = image
-        self._piece = 0
-        self._at = 0
-        self._done = 0
 
-    def readable(self) -> bool:
-        return True
+    def allocate(self, size: int) -> tuple[int, memoryview]:
+        buffer = torch.empty(size, dtype=torch.uint8)
+        return buffer.data_ptr(), _view(buffer.data_ptr(), size, buffer)
 
-    def seekable(self) -> bool:
-        # An incremental publish hashes a sample of chunks before it writes (spec 28.4, W4c).
-        return True
-
-    def tell(self) -> int:
-        return self._done
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET, /) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._done, io.SEEK_END: self._size}[whence]
-        target = min(max(0, base + offset), self._size)
-        self._piece, self._at, self._done = 0, target, target
-        for piece in self._pieces:
-            length = len(piece) if isinstance(piece, bytes) else piece[1]
-            if self._at < length:
-                break
-            self._at -= length
-            self._piece += 1
-        return target
-
-    def read(self, n: int = -1, /) -> bytes:
-        want = min(self._size - self._done, self._size if n is None or n < 0 else n)
-        if want <= 0:
-            return b""
-        # One buffer, filled piece by piece: one copy of each byte, whatever tensors the read
-        # spans (measured: a third less CPU than a copy per piece joined; a view of a
-        # tensor's memory instead was slower while chunks were named, since the copy brings
-        # the chunk into the cache for the passes after it, and is no faster now: docs/
-        # performance.md). Neither its allocation nor the copies hold the GIL for
-        # long: torch.empty does not zero it (a bytearray's zero fill of 16 MiB held the GIL
-        # for about 9 ms, which the training thread waited out at its next operations), and
-        # ctypes.memmove runs without the GIL.
-        buffer = torch.empty(want, dtype=torch.uint8)
-        base = buffer.data_ptr()
-        got = 0
-        while got < want:
-            piece = self._pieces[self._piece]
-            length = len(piece) if isinstance(piece, bytes) else piece[1]
-            take = min(want - got, length - self._at)
-            if isinstance(piece, bytes):
-                ctypes.memmove(base + got, piece[self._at : self._at + take], take)
-            else:
-                ctypes.memmove(base + got, piece[0] + self._at, take)
-            got += take
-            self._at += take
-            if self._at == length:
-                self._piece += 1
-                self._at = 0
-        self._done += want
-        return _view(base, want, buffer)  # type: ignore[return-value]
+    def fetch(self, into: int, address: int, length: int) -> None:
+        ctypes.memmove(into, address, length)
 
 
 def _view(address: int, size: int, owner: object) -> memoryview:

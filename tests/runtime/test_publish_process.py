@@ -10,6 +10,7 @@ says so once and publishes on its thread."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,21 @@ def _alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@contextlib.contextmanager
+def _published_once(
+    run_dir: Path, store: str, model: Any, optimizer: Any, **options: Any
+) -> Iterator[ResumableRun]:
+    """A run that publishes through its process, its first snapshot published."""
+    with ResumableRun(
+        CONFIG, run_dir=run_dir, store=store, final_snapshot=False, background="process",
+        **options,
+    ) as run:  # fmt: skip
+        run.track(model=model, optimizer=optimizer)
+        run.commit()
+        run.snapshot(wait=True)
+        yield run
+
+
 def _resumed_equal(store: str, model: Any, optimizer: Any, where: Path, **options: Any) -> None:
     again, opt = _trained(seed=1)
     with ResumableRun(CONFIG, run_dir=where, store=store, final_snapshot=False, **options) as run:
@@ -115,13 +132,7 @@ def test_the_process_publish_signs_with_the_runs_key(tmp_path: Path) -> None:
     key, public = restorepoint.trust.generate(tmp_path / "signer")
     model, optimizer = _trained()
     store = f"{tmp_path / 'store'}/"
-    with ResumableRun(
-        CONFIG, run_dir=tmp_path / "run", store=store, final_snapshot=False,
-        background="process", sign=key,
-    ) as run:  # fmt: skip
-        run.track(model=model, optimizer=optimizer)
-        run.commit()
-        run.snapshot(wait=True)
+    with _published_once(tmp_path / "run", store, model, optimizer, sign=key) as run:
         assert run.publisher.process is not None
         assert run.uploads[-1]["ok"], run.uploads
     (entry,) = restorepoint.list_store(store)
@@ -133,12 +144,7 @@ def test_the_process_publish_signs_with_the_runs_key(tmp_path: Path) -> None:
 def test_the_store_deadline_reaches_the_publish_process(tmp_path: Path) -> None:
     model, optimizer = _trained()
     store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
-    with ResumableRun(
-        CONFIG, run_dir=run_dir, store=store, final_snapshot=False, background="process"
-    ) as run:
-        run.track(model=model, optimizer=optimizer)
-        run.commit()
-        run.snapshot(wait=True)
+    with _published_once(run_dir, store, model, optimizer) as run:
         process = run.publisher.process
         assert process is not None
         assert process.ping()["deadline_left"] is None
@@ -161,12 +167,7 @@ def test_the_store_deadline_reaches_the_publish_process(tmp_path: Path) -> None:
 def test_a_child_killed_mid_publish_is_one_failed_upload(tmp_path: Path) -> None:
     model, optimizer = _trained()
     store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
-    with ResumableRun(
-        CONFIG, run_dir=run_dir, store=store, final_snapshot=False, background="process"
-    ) as run:
-        run.track(model=model, optimizer=optimizer)
-        run.commit()
-        run.snapshot(wait=True)
+    with _published_once(run_dir, store, model, optimizer) as run:
         process = run.publisher.process
         assert process is not None
         first = process.pid
@@ -201,12 +202,7 @@ def test_without_a_publish_process_the_run_says_so_and_publishes_on_its_thread(
     monkeypatch.setattr(publish_process.PublishProcess, "__init__", nowhere)
     model, optimizer = _trained()
     store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
-    with ResumableRun(
-        CONFIG, run_dir=run_dir, store=store, final_snapshot=False, background="process"
-    ) as run:
-        run.track(model=model, optimizer=optimizer)
-        run.commit()
-        run.snapshot(wait=True)
+    with _published_once(run_dir, store, model, optimizer) as run:
         assert run.publisher.process is None
         assert run.uploads[-1]["ok"], run.uploads
     (said,) = [e for e in _events(run_dir) if e["event"] == "publish_process_unavailable"]
@@ -227,13 +223,7 @@ def test_a_process_publish_to_s3_resumes_bit_for_bit(
     model, optimizer = _trained()
     store = f"s3://{s3_bucket}/process/"
     options = s3_storage_options
-    with ResumableRun(
-        CONFIG, run_dir=tmp_path / "run", store=store, storage_options=options,
-        final_snapshot=False, background="process",
-    ) as run:  # fmt: skip
-        run.track(model=model, optimizer=optimizer)
-        run.commit()
-        run.snapshot(wait=True)
+    with _published_once(tmp_path / "run", store, model, optimizer, storage_options=options) as run:
         assert run.publisher.process is not None
         assert run.uploads[-1]["ok"], run.uploads
     (entry,) = restorepoint.list_store(store, storage_options=options)
@@ -384,3 +374,53 @@ def test_the_publish_process_imports_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_frozen_backbone_publishes_incremental_restore_points_through_the_process(
+    tmp_path: Path,
+) -> None:
+    """A frozen backbone's restore points name their chunks (spec 28.4): the child's publish
+    samples chunks of the parent's memory before it writes (its reader seeks, as the thread's
+    does); the second references the first's chunks and resumes bit for bit."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(8)))
+    net[:7].requires_grad_(False)
+    opt = torch.optim.SGD(net[7].parameters(), lr=0.1)
+    store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
+    with ResumableRun(
+        CONFIG, run_dir=run_dir, store=store, final_snapshot=False, background="process"
+    ) as run:
+        run.track(model=net, optimizer=opt)
+        for _ in range(2):
+            net(torch.randn(4, 256)).square().mean().backward()
+            opt.step()
+            run.commit()
+            run.snapshot(wait=True)
+        assert run.publisher.process is not None
+        assert [u["ok"] for u in run.uploads] == [True, True], run.uploads
+        assert run.uploads[-1]["incremental"]["reused"] > 0
+    first, second = sorted(restorepoint.list_store(store), key=lambda e: e.step)
+    assert [b.name for b in restorepoint.read_manifest(second.url).bases or ()] == [first.name]
+    restorepoint.verify(second.url)
+    again = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(8)))
+    with ResumableRun(CONFIG, run_dir=tmp_path / "again", store=store, final_snapshot=False) as run:
+        run.track(model=again)
+        assert run.resume().step == 2
+    torch.testing.assert_close(again.state_dict(), net.state_dict(), rtol=0, atol=0)
+
+
+def test_the_childs_reader_seeks_and_reads_what_the_pieces_hold() -> None:
+    import ctypes
+
+    memory = bytearray(os.urandom(3000))
+    address = ctypes.addressof((ctypes.c_char * len(memory)).from_buffer(memory))
+    peer = publish_process.Peer(b"head", ((address, 1000), (address + 2000, 1000)))
+    reader = publish_process._PeerSource(os.getpid(), peer).open()
+    whole = b"head" + bytes(memory[:1000]) + bytes(memory[2000:])
+    assert peer.size == len(whole) == 2004
+    assert reader.seekable()
+    assert bytes(reader.read(10)) == whole[:10]
+    assert reader.seek(1500) == 1500
+    assert bytes(reader.read(600)) == whole[1500:2004]
+    reader.seek(3)
+    assert bytes(reader.read()) == whole[3:]

@@ -23,7 +23,8 @@ store; the parent never unpickles it. The child:
 - where it cannot read its parent's memory (a kernel or a seccomp filter that refuses
   ``process_vm_readv``), says so at its start, and the parent publishes on its own thread.
 
-Run as ``python -m restorepoint.ops.publish_process``; it imports no torch.
+The child is ``python -c _BOOT PARENT_PID``, which ignores the stop and snapshot signals
+before anything else and then runs ``main``; it imports no torch.
 """
 
 from __future__ import annotations
@@ -61,6 +62,20 @@ log = logging.getLogger("restorepoint")
 #: How long the child may take to start and answer (its imports: about 0.3 s idle).
 START_TIMEOUT = 60.0
 _LEN = struct.Struct("<Q")
+#: The child's first statements, before any import: it ignores every signal that a scheduler
+#: or a user sends a trainer to stop it or to ask for a snapshot (Slurm signals every process
+#: of a job step: a SIGUSR2 or SIGTERM that killed the child would fail the very publish the
+#: stop waits for). It ends with its input, or with SIGKILL (its parent's death, or anyone's).
+_BOOT = (
+    "import signal\n"
+    "for name in ('SIGHUP', 'SIGINT', 'SIGQUIT', 'SIGTERM', 'SIGUSR1', 'SIGUSR2', 'SIGALRM'):\n"
+    "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
+    "for number in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):\n"
+    "    signal.signal(number, signal.SIG_IGN)\n"
+    "import sys\n"
+    "from restorepoint.ops.publish_process import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
 
 
 def available() -> bool:
@@ -203,11 +218,14 @@ class PublishProcess:
         env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
         try:
             child = subprocess.Popen(
-                [self._python, "-m", "restorepoint.ops.publish_process", str(os.getpid())],
+                [self._python, "-c", _BOOT, str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 close_fds=True,
                 env=env,
+                # Not in the trainer's process group: a terminal's Ctrl-C or a kill of the
+                # group is the trainer's to handle (it then publishes through the child).
+                start_new_session=True,
             )
         except OSError as exc:
             raise Unavailable(f"the publish process did not start: {exc.strerror}") from None
@@ -523,7 +541,7 @@ class _Child:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The child: ``python -m restorepoint.ops.publish_process PARENT_PID``."""
+    """The child (``_BOOT``): ``main([PARENT_PID])``."""
     args = sys.argv[1:] if argv is None else argv
     parent = int(args[0])
     if not die_with_parent(parent):
@@ -537,11 +555,3 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = sys.stderr
     _Child(parent, inp, out).run()
     return 0
-
-
-if __name__ == "__main__":
-    # Run as the package's module, not as __main__: the classes the parent pickles (Peer)
-    # are then the ones the child's code knows.
-    from restorepoint.ops.publish_process import main as _main
-
-    raise SystemExit(_main())

@@ -309,6 +309,7 @@ STOPPED = textwrap.dedent(
     model = torch.nn.Linear(512, 512)
     with ResumableRun({"lr": 0.01}, run_dir=run_dir, store=store, background="process") as run:
         run.track(model=model)
+        run.worker.prepared.wait(60)  # the child started and answered
         for step in range(10_000):
             with torch.no_grad():
                 model.weight.mul_(0.999)
@@ -319,7 +320,13 @@ STOPPED = textwrap.dedent(
 )
 
 
-def test_a_stop_publishes_through_the_process_and_exits_42(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2, signal.SIGINT])
+def test_a_stop_signal_to_every_process_publishes_through_the_child_and_exits_42(
+    tmp_path: Path, signum: int
+) -> None:
+    """Slurm signals every process of a job step (the template's SIGUSR2, the preemption's
+    SIGTERM), and a terminal every process of its group (Ctrl-C): the child ignores them all,
+    and the trainer's stop publishes through it."""
     store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
     script = tmp_path / "trainer.py"
     script.write_text(STOPPED)
@@ -335,13 +342,15 @@ def test_a_stop_publishes_through_the_process_and_exits_42(tmp_path: Path) -> No
         words = line.split()
         if words[:2] == ["step", "5"]:
             child = int(words[2])
-            proc.send_signal(signal.SIGTERM)
+            os.kill(child, signum)
+            proc.send_signal(signum)
             break
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 42, err
     events = _events(run_dir)
     (shutdown,) = [e for e in events if e["event"] == "graceful_shutdown"]
     assert shutdown["upload_finished"] is True
+    assert not [e for e in events if e["event"] in ("publish_process_unavailable", "upload_failed")]
     (uploaded,) = [e for e in events if e["event"] == "uploaded"]
     assert uploaded["step"] == shutdown["step"] >= 5
     (entry,) = restorepoint.list_store(store)

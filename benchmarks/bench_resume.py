@@ -29,7 +29,9 @@ store, every tool in a seeded shuffled order (ours, a peer, ..., then the next r
 - **bytes** stored, the **slowdown** of the compute loop while a publish runs in the
   background, and the **peak RSS** of this process during the save and of the resume's
   process during the resume (the kernel's high-water mark, reset before each; it includes the
-  model and its optimizer).
+  model and its optimizer). ``restorepoint-process`` is ours with ``background="process"``
+  (the publish in a process of its own): its save's peak RSS is this process's plus the
+  child's, and its figures get a ratio column of their own.
 - the mean step's slowdown in the parts that the kernel accounts to the training thread
   (``schedstat``), each in a mean baseline step's time, less what the baseline had of it:
   **waited for a core** (runnable while the background's threads ran on its core) and

@@ -8,10 +8,9 @@ publish cost a training thread (its core wait and blocked time) fell from 5.1% o
 a process of its own").
 
 The parent (``PublishProcess``) starts the child once and hands it one job at a time over a
-pipe; the child reports each outcome as JSON. What the parent sends is its own values
-(the head, the options, where the bytes lie), pickled: the child trusts its parent. What
-the child sends back is data only, JSON, since it comes of what the child read from the
-store; the parent never unpickles it. The child:
+pipe. Both ways the messages are JSON, data only (``_job_document``, ``_job_from``): no
+unpickler on either side. A publish whose values JSON cannot carry (storage options holding
+objects, encryption keys) is published on the parent's thread instead. The child:
 
 - dies with its parent (``PR_SET_PDEATHSIG``: the kernel kills it when the thread that
   started it ends, a SIGKILL of the training process included), so that no publish goes on
@@ -37,14 +36,13 @@ import ctypes
 import json
 import logging
 import os
-import pickle
 import queue
 import struct
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import IO, Any, BinaryIO
 
 import restorepoint
@@ -52,6 +50,7 @@ import restorepoint
 from .. import errors
 from .._posix import allow_reader, die_with_parent, read_memory
 from ..errors import RestorePointError
+from ..format import Position, Trainer
 from ..storage import deadline_left, set_store_deadline, watch_store_deadline
 from ._increment import Rest
 from ._source import BytesFile, PiecesReader
@@ -236,7 +235,7 @@ class PublishProcess:
         probe = bytearray(os.urandom(16))
         address = ctypes.addressof((ctypes.c_char * len(probe)).from_buffer(probe))
         try:
-            answer = self._call({"kind": "hello", "probe": (address, bytes(probe))}, START_TIMEOUT)
+            answer = self._call({"kind": "hello", "probe": [address, probe.hex()]}, START_TIMEOUT)
         except Unavailable:
             self._kill()
             raise
@@ -263,21 +262,9 @@ class PublishProcess:
     ) -> RemoteResult:
         """One publish in the child; the RestorePointError it raised is raised here (a
         child that died midway: RestorePointError, and the next job starts a new one)."""
+        job = _job_document(source, dest, head, options, memory, keep_last, keep_best)
+        job.update(expect=expect, deadline=deadline)
         self.start()
-        sign = tuple(key.private_bytes_raw() for key in options.sign)
-        job = {
-            "kind": "job",
-            "source": source,
-            "dest": dest,
-            "head": head,
-            "options": replace(options, sign=()),
-            "sign": sign,
-            "memory": dict(memory),
-            "keep_last": keep_last,
-            "keep_best": keep_best,
-            "expect": expect,
-            "deadline": deadline,
-        }
         self._busy = True
         try:
             answer = self._call(job, None)
@@ -356,7 +343,7 @@ class PublishProcess:
             return
         with self._lock, contextlib.suppress(OSError, ValueError):
             assert child.stdin is not None
-            _send(child.stdin, pickle.dumps(message))
+            _send(child.stdin, json.dumps(message).encode())
 
     def _call(self, message: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         """Send ``message`` and read the child's answer (JSON). One call at a time: the
@@ -368,7 +355,7 @@ class PublishProcess:
         assert child.stdout is not None
         try:
             with self._lock:
-                _send(child.stdin, pickle.dumps(message))
+                _send(child.stdin, json.dumps(message).encode())
         except (OSError, ValueError):
             raise Unavailable(self._why_gone(child)) from None
         body = _receive_within(child.stdout, timeout)
@@ -452,26 +439,113 @@ def _set_nice(value: int) -> None:
             os.setpriority(os.PRIO_PROCESS, int(task), value)
 
 
-def _job(parent: int, job: dict[str, Any], rest: Rest) -> dict[str, Any]:
+def _job_document(  # noqa: PLR0913, PLR0917 - ops.publish's arguments, carried whole
+    source: str,
+    dest: str,
+    head: HeadSpec,
+    options: PackOptions,
+    memory: Mapping[str, Peer | bytes],
+    keep_last: int | None,
+    keep_best: KeepBest | None,
+) -> dict[str, Any]:
+    """A publish as JSON for the child; Unavailable where JSON cannot carry it (the caller
+    then publishes on its own thread)."""
+    if head.parts is not None or head.part is not None or options.encrypt_to:
+        raise Unavailable("a multi-part or encrypted publish is made in the training process")
+    trainer = head.trainer
+    doc = {
+        "kind": "job",
+        "source": source,
+        "dest": dest,
+        "head": {
+            "position": head.manifest.position.to_dict(),
+            "trainer": [trainer.name, trainer.version] if isinstance(trainer, Trainer) else trainer,
+            "terms": dict(head.terms),
+            "config": head.config,
+            "operational_keys": list(head.operational_keys),
+            "cache_keys": dict(head.cache_keys),
+            "cache_root": head.cache_root,
+            "run": head.run,
+            "created": head.created,
+            "rp_id": head.rp_id,
+            "metrics": dict(head.metrics),
+        },
+        "options": {
+            **{name: getattr(options, name) for name in _OPTION_FIELDS},
+            "sign": [key.private_bytes_raw().hex() for key in options.sign],
+        },
+        "memory": {
+            name: {"head": item.head.hex(), "regions": [list(r) for r in item.regions]}
+            if isinstance(item, Peer)
+            else {"bytes": bytes(item).hex()}
+            for name, item in memory.items()
+        },
+        "keep_last": keep_last,
+        "keep_best": None
+        if keep_best is None
+        else {"k": keep_best.k, "metric": keep_best.metric, "mode": keep_best.mode},
+    }
+    try:
+        # Only what JSON carries as it is: a storage option that is an object is refused.
+        json.dumps(doc, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise Unavailable(f"the publish's options are not JSON ({exc})") from None
+    return doc
+
+
+#: PackOptions' fields carried to the child as they are (the keys travel apart).
+_OPTION_FIELDS = (
+    "level",
+    "codec",
+    "object_sha256",
+    "chunk_size",
+    "threads",
+    "storage_options",
+    "adaptive",
+    "deadline_margin",
+    "incremental",
+)
+
+
+def _job_from(doc: Mapping[str, Any]) -> tuple[HeadSpec, PackOptions, KeepBest | None]:
+    """The child's side of ``_job_document``: the head, options and retention, validated
+    again as they are made."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    options: PackOptions = job["options"]
-    if job["sign"]:
-        keys = tuple(Ed25519PrivateKey.from_private_bytes(raw) for raw in job["sign"])
-        options = replace(options, sign=keys)
-    memory = {
-        name: _PeerSource(parent, item) if isinstance(item, Peer) else BytesFile(item)
-        for name, item in job["memory"].items()
-    }
+    head = dict(doc["head"])
+    position = Position(**head.pop("position"))
+    trainer = head.pop("trainer")
+    spec = HeadSpec(
+        position=position,
+        trainer=tuple(trainer) if trainer is not None else None,
+        operational_keys=tuple(head.pop("operational_keys")),
+        **head,
+    )
+    fields = dict(doc["options"])
+    keys = tuple(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(k)) for k in fields.pop("sign"))
+    options = PackOptions(**fields, sign=keys)
+    best = doc["keep_best"]
+    return spec, options, KeepBest(**best) if best is not None else None
+
+
+def _job(parent: int, job: dict[str, Any], rest: Rest) -> dict[str, Any]:
+    head, options, keep_best = _job_from(job)
+    memory: dict[str, _PeerSource | BytesFile] = {}
+    for name, item in job["memory"].items():
+        if "regions" in item:
+            regions = tuple((int(a), int(n)) for a, n in item["regions"])
+            memory[name] = _PeerSource(parent, Peer(bytes.fromhex(item["head"]), regions))
+        else:
+            memory[name] = BytesFile(bytes.fromhex(item["bytes"]))
     rest.expect(job["expect"])
     set_store_deadline(job["deadline"])
     result = publish(
         job["source"],
         job["dest"],
-        job["head"],
+        head,
         options,
         keep_last=job["keep_last"],
-        keep_best=job["keep_best"],
+        keep_best=keep_best,
         memory=memory,
         rest=rest,
     )
@@ -495,7 +569,8 @@ class _Child:
 
     def hello(self, message: dict[str, Any]) -> None:
         """Read the parent's probe bytes back: whether this child can read its memory."""
-        address, probe = message["probe"]
+        address, text = message["probe"]
+        probe = bytes.fromhex(text)
         seen = bytearray(len(probe))
         try:
             into = ctypes.addressof((ctypes.c_char * len(seen)).from_buffer(seen))
@@ -516,7 +591,7 @@ class _Child:
 
     def _hear(self) -> None:
         while (body := _receive(self._inp)) is not None:
-            message = pickle.loads(body)  # noqa: S301 - the parent's own values (module docstring)
+            message = json.loads(body)
             kind = message["kind"]
             if kind == "deadline":
                 set_store_deadline(message["at"])

@@ -11,6 +11,7 @@ says so once and publishes on its thread."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -433,3 +434,43 @@ def test_the_childs_reader_seeks_and_reads_what_the_pieces_hold() -> None:
     assert bytes(reader.read(600)) == whole[1500:2004]
     reader.seek(3)
     assert bytes(reader.read()) == whole[3:]
+
+
+def test_a_job_goes_to_the_child_as_json_and_comes_back_whole(tmp_path: Path) -> None:
+    """No unpickler on either side: the head, the options (a signing key too) and the
+    retention travel as JSON and are made again, validated, in the child; what JSON cannot
+    carry (a storage option that is an object) is Unavailable, published on the thread."""
+    from restorepoint.format import Position, Trainer
+    from restorepoint.ops.publish import HeadSpec, PackOptions
+    from restorepoint.ops.store import KeepBest
+
+    key, _ = restorepoint.trust.generate(tmp_path / "signer")
+    head = HeadSpec(
+        Position(7, 1, 3), trainer=Trainer("t", "1.0"), terms={"torch": "2.13"},
+        config={"lr": 0.5, "layers": [1, 2]}, operational_keys=("lr",),
+        cache_keys={"data": "abc"}, run="run-1", metrics={"val_loss": 0.25},
+    )  # fmt: skip
+    options = PackOptions(
+        level=3, sign=(restorepoint.trust.load_signing_key(key),), adaptive="deadline",
+        storage_options={"anon": True}, incremental=False,
+    )  # fmt: skip
+    best = KeepBest(2, "val_loss", "min")
+    memory = {"a": publish_process.Peer(b"h", ((4096, 10),)), "b": b"pos"}
+    doc = publish_process._job_document("src", "dest/", head, options, memory, 3, best)
+    text = json.dumps(doc)
+    again, options2, best2 = publish_process._job_from(json.loads(text))
+    assert again.manifest.to_dict() | {"id": None, "created": None} == head.manifest.to_dict() | {
+        "id": None,
+        "created": None,
+    }
+    # Every field as it was; the key (an object, compared by identity) by its raw bytes.
+    assert dataclasses.replace(options2, sign=()) == dataclasses.replace(options, sign=())
+    assert [k.private_bytes_raw() for k in options2.sign] == [
+        k.private_bytes_raw() for k in options.sign
+    ]
+    assert options2.storage_options == {"anon": True}
+    assert best2 == best
+    with pytest.raises(publish_process.Unavailable, match="not JSON"):
+        publish_process._job_document(
+            "src", "dest/", head, PackOptions(storage_options={"session": object()}), {}, None, None
+        )

@@ -308,7 +308,7 @@ class Cycle:
     # thread at its default nice), publishing to the store; ``nice`` other than DEFAULT sets
     # background_nice.
     def _run(
-        self, tag: str, run_dir: Path, nice: int | str | None = DEFAULT, background: str = "thread"
+        self, tag: str, run_dir: Path, nice: int | str | None = DEFAULT, background: str = "auto"
     ) -> Any:
         from restorepoint.torch import ResumableRun
 
@@ -325,12 +325,13 @@ class Cycle:
         )
 
     def save_restorepoint(
-        self, tag: str, nice: int | str | None = DEFAULT, background: str = "thread"
+        self, tag: str, nice: int | str | None = DEFAULT, background: str = "auto"
     ) -> None:
         with self._run(tag, self.work / f"run-{tag}", nice, background) as run:
             run.track(model=self.model, optimizer=self.optimizer)
-            # A training run starts its publish process (background="process") when it
-            # starts, long before its first snapshot: not timed.
+            # A training run starts its publish process (the default) when training begins,
+            # long before its first snapshot: not timed.
+            run.commit()
             run.worker.prepared.wait(60)
             t0 = time.perf_counter()
             run.snapshot()
@@ -344,7 +345,9 @@ class Cycle:
             if not upload.get("ok"):
                 raise RuntimeError(f"the publish failed: {upload}")
             process = run.publisher.process
-            if background == "process" and process is None:
+            from restorepoint.ops import publish_process
+
+            if background != "thread" and process is None and publish_process.available():
                 raise RuntimeError("the publish process did not start")
             # Its peak resident set counts with the training process's (a sum of two peaks:
             # at most what the two held at once).
@@ -369,10 +372,10 @@ class Cycle:
             self.step()
         shutil.rmtree(run_dir)
 
-    def save_restorepoint_process(self, tag: str) -> None:
-        self.save_restorepoint(tag, background="process")
+    def save_restorepoint_thread(self, tag: str) -> None:
+        self.save_restorepoint(tag, background="thread")
 
-    resume_restorepoint_process = resume_restorepoint
+    resume_restorepoint_thread = resume_restorepoint
 
     def save_restorepoint_nice0(self, tag: str) -> None:
         self.save_restorepoint(tag, None)

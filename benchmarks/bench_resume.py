@@ -29,9 +29,10 @@ store, every tool in a seeded shuffled order (ours, a peer, ..., then the next r
 - **bytes** stored, the **slowdown** of the compute loop while a publish runs in the
   background, and the **peak RSS** of this process during the save and of the resume's
   process during the resume (the kernel's high-water mark, reset before each; it includes the
-  model and its optimizer). ``restorepoint-process`` is ours with ``background="process"``
-  (the publish in a process of its own): its save's peak RSS is this process's plus the
-  child's, and its figures get a ratio column of their own.
+  model and its optimizer). Ours publishes in a process of its own (``background="auto"``,
+  the default, on Linux): its save's peak RSS is this process's plus the child's.
+  ``restorepoint-thread`` is ours with ``background="thread"`` (the publish on a thread of
+  the training process), and its figures get a ratio column of their own.
 - the mean step's slowdown in the parts that the kernel accounts to the training thread
   (``schedstat``), each in a mean baseline step's time, less what the baseline had of it:
   **waited for a core** (runnable while the background's threads ran on its core) and
@@ -83,19 +84,20 @@ from _resume_tools import (  # noqa: E402
 HINT = "bench_resume.py needs torch, s3fs, moto[server] and boto3: restorepoint[torch,s3,test]"
 TOOLS = (
     "restorepoint",
-    "restorepoint-process",
+    "restorepoint-thread",
     "torch.save",
     "dcp.save",
     "dcp.async_save",
     "lightning",
 )
-#: Ours (its defaults), ours publishing in a process of its own (``background="process"``),
-#: and ours with the background at the training thread's priority (``background_nice=None``)
-#: or at other nice levels: these last are not in the default list; they show what the
-#: background's CPU share costs and buys (the default is docs/performance.md's choice).
+#: Ours (its defaults: the publish in a process of its own where one can run), ours publishing
+#: on the training process's background thread (``background="thread"``), and ours with the
+#: background at the training thread's priority (``background_nice=None``) or at other nice
+#: levels: these last are not in the default list; they show what the background's CPU share
+#: costs and buys (the default is docs/performance.md's choice).
 OURS = (
     "restorepoint",
-    "restorepoint-process",
+    "restorepoint-thread",
     "restorepoint-nice0",
     "restorepoint-nice5",
     "restorepoint-nice10",
@@ -359,8 +361,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         }
         if "restorepoint-nice0" in ratios:
             out[kind]["vs_best_peer_nice0"] = ratios["restorepoint-nice0"]
-        if "restorepoint-process" in ratios and first != "restorepoint-process":
-            out[kind]["vs_best_peer_process"] = ratios["restorepoint-process"]
+        if "restorepoint-thread" in ratios and first != "restorepoint-thread":
+            out[kind]["vs_best_peer_thread"] = ratios["restorepoint-thread"]
     return out
 
 
@@ -422,14 +424,14 @@ def print_table(results: list[dict[str, Any]]) -> None:
                 f" (median of {res['repeat']}; load average {res['load_start']:.2f}"
                 f" -> {res['load_end']:.2f})"
             )
-            process = summary.get("vs_best_peer_process")
-            head = "  ours / best peer" + (" | process / best peer" if process else "")
+            thread = summary.get("vs_best_peer_thread")
+            head = "  ours / best peer" + (" | thread / best peer" if thread else "")
             print(f"{'figure':30}" + "".join(f"{t:>19}" for t in tools) + head)
             for fig in FIGURES:
                 row = f"{names[fig]:30}" + "".join(f"{fmt(fig, med[t][fig]):>19}" for t in tools)
                 cell = _cell(fig, summary["vs_best_peer"].get(fig))
-                if process:
-                    cell += f" | {_cell(fig, process.get(fig))}"
+                if thread:
+                    cell += f" | {_cell(fig, thread.get(fig))}"
                 print(row + f"  {cell}")
             loads = "".join(f"{med[t]['load_resume'] or 0:>19.2f}" for t in tools)
             print(f"{'load average (1 min)':30}" + loads)

@@ -65,7 +65,8 @@ _LEN = struct.Struct("<Q")
 #: The child's first statements, before any import: it ignores every signal that a scheduler
 #: or a user sends a trainer to stop it or to ask for a snapshot (Slurm signals every process
 #: of a job step: a SIGUSR2 or SIGTERM that killed the child would fail the very publish the
-#: stop waits for). It ends with its input, or with SIGKILL (its parent's death, or anyone's).
+#: stop waits for). It ends when told (``end``) or with its input, after the job in hand, or
+#: with SIGKILL (its parent's death, or anyone's).
 _BOOT = (
     "import signal\n"
     "for name in ('SIGHUP', 'SIGINT', 'SIGQUIT', 'SIGTERM', 'SIGUSR1', 'SIGUSR2', 'SIGALRM'):\n"
@@ -265,6 +266,7 @@ class PublishProcess:
         job = _job_document(source, dest, head, options, memory, keep_last, keep_best)
         job.update(expect=expect, deadline=deadline)
         self.start()
+        child = self._child
         self._busy = True
         try:
             answer = self._call(job, None)
@@ -273,6 +275,8 @@ class PublishProcess:
             raise RestorePointError(f"the publish process ended: {exc.message}") from None
         finally:
             self._busy = False
+            if child is not None and self._child is not child:
+                _reap(child)  # closed while this job ran: it ends now, its input gone
         if not answer.get("ok"):
             raise _error(answer)
         prune = answer.get("prune_error")
@@ -300,27 +304,26 @@ class PublishProcess:
         return self._call({"kind": "ping"}, START_TIMEOUT)
 
     def close(self, timeout: float = 5.0) -> None:
-        """End the child: its input closed, then killed if it has not ended in ``timeout``.
-        A publish still in flight (a run that left it, as an in-process publish is left to
-        its daemon thread) is not waited for: the child ends after it."""
+        """End the child: told so and its input closed, then killed if it has not ended in
+        ``timeout``. A publish still in flight (a run that left it, as an in-process publish
+        is left to its daemon thread) is not waited for: the child ends after it."""
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
         child, self._child = self._child, None
         if child is None:
             return
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            assert child.stdin is not None
+            # Said, not only the input closed: a process forked from this one since (a data
+            # loader's worker) holds the pipe open, and the child would never see its end.
+            _send(child.stdin, json.dumps({"kind": "end"}).encode())
         with self._lock, contextlib.suppress(OSError):
             assert child.stdin is not None
             child.stdin.close()
         if self._busy:
-            return
-        try:
-            child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
+            return  # the job's caller reaps it once answered
+        _reap(child, timeout)
 
     def _kill(self) -> None:
         child, self._child = self._child, None
@@ -331,11 +334,7 @@ class PublishProcess:
             return
         with contextlib.suppress(OSError):
             child.kill()
-        child.wait()
-        for stream in (child.stdin, child.stdout):
-            with contextlib.suppress(OSError):
-                if stream is not None:
-                    stream.close()
+        _reap(child)
 
     def _tell(self, message: dict[str, Any]) -> None:
         child = self._child
@@ -378,6 +377,20 @@ class PublishProcess:
         if code < 0:
             return f"the publish process was killed by signal {-code}"
         return f"the publish process exited with {code}"
+
+
+def _reap(child: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    """Wait for a child whose input is closed (killed after ``timeout``), and close its
+    output: no process or pipe is left to the garbage collector."""
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    for stream in (child.stdin, child.stdout):
+        with contextlib.suppress(OSError):
+            if stream is not None:
+                stream.close()
 
 
 def _receive_within(stream: IO[bytes], timeout: float | None) -> bytes | None:
@@ -593,6 +606,10 @@ class _Child:
         while (body := _receive(self._inp)) is not None:
             message = json.loads(body)
             kind = message["kind"]
+            if kind == "end":
+                # The parent's close: its input may never end (a forked data loader worker
+                # holds a copy of the pipe's write end), so it says so.
+                return
             if kind == "deadline":
                 set_store_deadline(message["at"])
             elif kind == "nice":

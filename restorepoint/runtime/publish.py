@@ -42,6 +42,7 @@ from ..ops._source import BytesFile, InMemory
 from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.publish_process import Peer, PublishProcess, RemoteResult, Unavailable
+from ..ops.publish_process import available as process_available
 from ..ops.resumed import ResumeMarker
 from ..ops.store import KeepBest
 from ..storage import deadline_left
@@ -129,7 +130,7 @@ class Publisher:
         head: Callable[[Position, Mapping[str, float]], HeadSpec],
         event: Callable[..., None],
         keep_best: KeepBest | None = None,
-        process: bool = False,
+        background: str = "thread",
     ) -> None:
         self.directory = directory
         self.store = store
@@ -150,12 +151,18 @@ class Publisher:
         #: The snapshots that could not be saved: step -> the error, as one line.
         self.save_errors: dict[int, str] = {}
         self._space_warned = False
-        #: The publish in a process of its own (``background="process"``: one process, a
-        #: store); None: on the worker's thread. Started by ``prepare`` on the worker's
-        #: thread, which outlives every publish (the child dies with the thread that started
-        #: it), and started again there after a child that died.
+        #: Whether a publish process that cannot be had is worth a warning: asked for by name
+        #: (``background="process"``), not taken where it could run (``auto``).
+        self._asked = background == "process"
+        #: The publish in a process of its own (``background`` "process", or "auto" on Linux
+        #: without encryption: one process, a store); None: on the worker's thread. Started by
+        #: ``prepare`` on the worker's thread, which outlives every publish (the child dies
+        #: with the thread that started it), and started again there after a child that died.
+        wanted = background == "process" or (
+            background == "auto" and process_available() and not options.encrypt_to
+        )
         self.process: PublishProcess | None = (
-            PublishProcess() if process and world == 1 and store is not None else None
+            PublishProcess() if wanted and world == 1 and store is not None else None
         )
 
     @property
@@ -192,8 +199,12 @@ class Publisher:
             self._no_process(exc)
 
     def _no_process(self, exc: Unavailable) -> None:
-        log.warning("%s; publishing in the training process instead", exc.message)
+        (log.warning if self._asked else log.info)(
+            "%s; publishing in the training process instead", exc.message
+        )
         self.event("publish_process_unavailable", error=exc.message)
+        if self.process is not None:
+            self.process.close()
         self.process = None
 
     def unthrottle(self) -> None:

@@ -30,8 +30,10 @@ through the one way out (``ops.publish``).
   resumable exit, saying so in one line (``stop``: the stop path's one owner).
 - A run whose status is ``completed`` is not trained again; the state at completion is
   published (``final_snapshot``, on with a store).
-- A snapshot pauses training only while the state is copied to memory; the local save, the pack
-  and the upload run on a background thread. A failed upload is recorded and training goes on.
+- A snapshot pauses training only while the state is copied to memory; the local save runs on
+  a background thread, and the pack and the upload in a process of its own where the platform
+  allows (``background``, on that thread otherwise). A failed upload is recorded and training
+  goes on.
 """
 
 from __future__ import annotations
@@ -95,9 +97,10 @@ __all__ = ["RUNTIME_HINTS", "ResumableRun", "run_id_for"]
 log = logging.getLogger("restorepoint.torch")
 
 
-#: Where a snapshot is published (``background=``): on the snapshot worker's thread, or in
-#: a process of its own (ops/publish_process.py; Linux, one process with a store).
-BACKGROUNDS = ("thread", "process")
+#: Where a snapshot is published (``background=``): in a process of its own
+#: (ops/publish_process.py; Linux, one process with a store) or on the snapshot worker's
+#: thread; ``auto`` (the default) takes the process where it can run, the thread otherwise.
+BACKGROUNDS = ("auto", "process", "thread")
 
 
 def _background(value: str) -> str:
@@ -140,7 +143,7 @@ class ResumableRun:
         upload_timeout: float = 300.0,
         background_threads: int = 1,
         background_nice: int | None = DEFAULT_NICE,
-        background: str = "thread",
+        background: str = "auto",
         trainer: tuple[str, str] | None = None,
         terms: Mapping[str, str] | None = None,
         cache_keys: Mapping[str, str]
@@ -249,7 +252,7 @@ class ResumableRun:
             head=self._head,
             event=self._event,
             keep_best=self.keep_best,
-            process=_background(background) == "process",
+            background=_background(background),
         )
         #: Each publish's outcome, newest last (rank 0 with a process group).
         self.uploads = self.publisher.uploads
@@ -453,7 +456,9 @@ class ResumableRun:
         Every checkpoint file is loaded weights-only: one that would run code is refused
         (UnsafeCheckpoint) before anything of it is built. Under ``restorepoint run`` a
         refusal ends the trainer with its exit code (3, or 1), which is not requeued."""
-        return resume(self)
+        position = resume(self)
+        self.worker.begin()  # the publish process starts now, not beside the resume's work
+        return position
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -517,6 +522,7 @@ class ResumableRun:
                 check_metrics(self._metrics)
             except IntegrityError as exc:
                 raise UsageError(f"bad metrics ({exc})") from None
+        self.worker.begin()
         self.step += 1
         self.batch += 1
         snapshot, stop = self._agree()

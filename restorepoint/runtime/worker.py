@@ -78,9 +78,13 @@ class SnapshotWorker(Generic[T]):
     ) -> None:
         self._handle = handle
         #: Run first on the thread, at its priority (the publish process is started there, so
-        #: that it runs at the thread's nice and dies with the thread); must not raise.
+        #: that it runs at the thread's nice and dies with the thread), once the run has
+        #: begun training (``begin``, or the first snapshot): not beside a resume, which has
+        #: every core's work until its first step; must not raise.
         self._prepare = prepare
         self._throttled = threading.Event()
+        self._begun = threading.Event()
+        self._ending = False
         #: Set once ``prepare`` has run (at once without one).
         self.prepared = threading.Event()
         #: The switch interval while a snapshot is handled; None: the process's, untouched.
@@ -124,7 +128,12 @@ class SnapshotWorker(Generic[T]):
             base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
             os.setpriority(os.PRIO_PROCESS, self.native_id, base)
 
+    def begin(self) -> None:
+        """Training has begun (a resume, if any, is over): the thread may prepare now."""
+        self._begun.set()
+
     def submit(self, snap: T) -> None:
+        self._begun.set()
         with self._cv:
             # Coalesce: a snapshot still waiting is replaced by the newer one.
             try:
@@ -145,6 +154,8 @@ class SnapshotWorker(Generic[T]):
             return True
         if not self.wait(timeout):
             return False
+        self._ending = True  # nothing to prepare for any more
+        self._begun.set()
         self._pending.put(None)
         self._thread.join(timeout=5)
         self._thread = None
@@ -153,8 +164,10 @@ class SnapshotWorker(Generic[T]):
     def _work(self) -> None:
         if self._prepare is not None:
             self._throttled.wait()
+            self._begun.wait()
             try:
-                self._prepare()
+                if not self._ending:
+                    self._prepare()
             except Exception as exc:  # pragma: no cover - a bug; snapshots go on
                 log.error("preparing the worker failed: %s: %s", type(exc).__name__, exc)
         self.prepared.set()

@@ -140,7 +140,9 @@ TRAINER = textwrap.dedent(
     torch.manual_seed(0)
     model = torch.nn.Linear(1024, 1024)
     with ResumableRun({"lr": 0.01}, run_dir=run_dir, store=store, final_snapshot=False,
-                      background_nice=None) as run:
+                      background_nice=None, background="thread") as run:
+        # (The thread's publish, read in this process; the publish process's twin is in
+        # test_publish_process.py.)
         run.track(model=model)
         run.commit()
         run.snapshot(wait=True)

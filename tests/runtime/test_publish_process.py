@@ -35,6 +35,8 @@ from restorepoint.ops import publish_process  # noqa: E402
 from restorepoint.storage import set_store_deadline  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 
+from . import _trainer_variants as tv  # noqa: E402
+
 pytestmark = pytest.mark.skipif(
     not publish_process.available(), reason="the publish process needs Linux"
 )
@@ -192,6 +194,94 @@ def test_a_child_killed_mid_publish_is_one_failed_upload(tmp_path: Path) -> None
     assert sorted(e.step for e in restorepoint.list_store(store)) == [1, 3]
 
 
+def test_a_stop_whose_child_cannot_answer_in_time_keeps_the_previous_restore_point(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The stop waits for the child's publish once, within ``upload_timeout``; the store's
+    previous restore point stays the newest; the child's publish is left, not killed, and
+    lands once the child runs again (test_signals.py and test_stop_contract.py hold the
+    thread's publish the same way)."""
+    store = f"{tmp_path / 'store'}/"
+    stopped: list[int] = []
+
+    def hold_the_child(run: ResumableRun, step: int) -> None:
+        if step == 3:  # step 2's publish done, then the child can answer nothing more
+            run.wait()
+            process = run.publisher.process
+            assert process is not None and process.pid is not None
+            os.kill(process.pid, signal.SIGSTOP)
+            stopped.append(process.pid)
+
+    try:
+        out = tv.train(
+            tmp_path / "runs", config=tv.config_with(**{"train.snapshot_every": 2}),
+            store=store, stop_at=3, upload_timeout=0.5, before_commit=hold_the_child,
+        )  # fmt: skip
+        assert out.code == 42 and out.run is not None
+        (line,) = [
+            line
+            for line in capsys.readouterr().err.splitlines()
+            if line.startswith("restorepoint: stop (")
+        ]
+        assert "did not land within upload_timeout (0.5 s)" in line
+        assert [e.step for e in restorepoint.list_store(store)] == [2]
+        run_dir = out.run.run_dir
+        (shutdown,) = [e for e in _events(run_dir) if e["event"] == "graceful_shutdown"]
+        assert shutdown["upload_finished"] is False
+        assert [e["step"] for e in _events(run_dir) if e["event"] == "upload_abandoned"] == [3]
+        assert (run_dir / "checkpoints" / "last.pt").exists()
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    # Left running, not killed: the child publishes the stop's restore point, and ends.
+    assert out.run.wait(60)
+    assert sorted(e.step for e in restorepoint.list_store(store)) == [2, 3]
+    (child,) = stopped
+    for _ in range(500):
+        if not _alive(child):
+            break
+        time.sleep(0.02)
+    assert not _alive(child)
+
+
+def test_a_stop_gives_the_child_the_training_priority_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("raising a process's priority back needs root (or RLIMIT_NICE)")
+    base = _nice(0)
+    seen: list[tuple[str, set[int]]] = []
+
+    def threads(pid: int) -> set[int]:
+        return {_nice(int(task)) for task in os.listdir(f"/proc/{pid}/task")}
+
+    def low_until_the_stop(run: ResumableRun, step: int) -> None:
+        process = run.publisher.process
+        if step in (3, 5):
+            run.wait()  # the child idle: the ping below is the one question it answers
+        if step == 3 and process is not None and process.pid is not None:
+            seen.append(("periodic", threads(process.pid)))
+
+    real = publish_process.PublishProcess.unthrottle
+
+    def unthrottle(self: publish_process.PublishProcess) -> None:
+        real(self)
+        self.ping()  # answered after the priority message: every thread has it now
+        assert self.pid is not None
+        seen.append(("stop", threads(self.pid)))
+
+    monkeypatch.setattr(publish_process.PublishProcess, "unthrottle", unthrottle)
+    store = f"{tmp_path / 'store'}/"
+    out = tv.train(
+        tmp_path / "runs", config=tv.config_with(**{"train.snapshot_every": 2}), store=store,
+        stop_at=5, before_commit=low_until_the_stop,
+    )  # fmt: skip
+    assert out.code == 42
+    assert seen == [("periodic", {min(19, base + 10)}), ("stop", {base})]
+    assert max(e.step for e in restorepoint.list_store(store)) == 5
+
+
 def test_without_a_publish_process_the_run_says_so_and_publishes_on_its_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -212,9 +302,66 @@ def test_without_a_publish_process_the_run_says_so_and_publishes_on_its_thread(
     _resumed_equal(store, model, optimizer, tmp_path / "again")
 
 
-def test_background_is_thread_or_process(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="background must be one of thread, process"):
+def test_where_the_default_can_have_no_process_it_says_so_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not asked for by name, a child that cannot start is an event and an info line (a
+    container whose seccomp filter refuses ``process_vm_readv``), not a warning each run."""
+    real = publish_process.PublishProcess.__init__
+
+    def nowhere(self: Any, python: str | None = None) -> None:
+        real(self, str(tmp_path / "no-such-python"))
+
+    monkeypatch.setattr(publish_process.PublishProcess, "__init__", nowhere)
+    caplog.set_level("INFO", logger="restorepoint")
+    model, optimizer = _trained()
+    store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
+    with ResumableRun(CONFIG, run_dir=run_dir, store=store, final_snapshot=False) as run:
+        run.track(model=model, optimizer=optimizer)
+        run.commit()
+        run.snapshot(wait=True)
+        assert run.publisher.process is None
+        assert run.uploads[-1]["ok"], run.uploads
+    (said,) = [e for e in _events(run_dir) if e["event"] == "publish_process_unavailable"]
+    assert "the publish process did not start" in said["error"]
+    (record,) = [r for r in caplog.records if "training process instead" in r.getMessage()]
+    assert record.levelname == "INFO"
+    _resumed_equal(store, model, optimizer, tmp_path / "again")
+
+
+def test_background_is_auto_process_or_thread(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="background must be one of auto, process, thread"):
         ResumableRun(CONFIG, run_dir=tmp_path / "run", background="fork")
+
+
+def test_the_default_publishes_through_a_process_and_thread_keeps_it_in_the_run(
+    tmp_path: Path,
+) -> None:
+    """``auto`` (the default) takes the child where it can run; ``thread`` keeps the publish
+    in the training process; a run without a store, or an encrypted one, starts none."""
+    model, optimizer = _trained()
+    store = f"{tmp_path / 'store'}/"
+    with ResumableRun(CONFIG, run_dir=tmp_path / "a", store=store, final_snapshot=False) as run:
+        run.track(model=model, optimizer=optimizer)
+        # Not beside the resume, which has every core's work until the first step: the
+        # child starts once it is over.
+        assert not run.worker.prepared.wait(0.2)
+        assert run.publisher.process is not None and run.publisher.process.pid is None
+        run.resume()
+        assert run.worker.prepared.wait(60)
+        assert run.publisher.process.pid is not None
+        run.commit()
+        run.snapshot(wait=True)
+        assert run.publisher.process is not None and run.publisher.process.pid is not None
+        assert run.uploads[-1]["ok"], run.uploads
+    for where, kwargs in (("b", {"store": store, "background": "thread"}), ("c", {})):
+        with ResumableRun(
+            CONFIG, run_dir=tmp_path / where, final_snapshot=False, **kwargs
+        ) as run:  # fmt: skip
+            run.track(model=model, optimizer=optimizer)
+            run.commit()
+            run.snapshot(wait=True)
+            assert run.publisher.process is None, kwargs
 
 
 @pytest.mark.s3
@@ -310,7 +457,8 @@ STOPPED = textwrap.dedent(
     model = torch.nn.Linear(512, 512)
     with ResumableRun({"lr": 0.01}, run_dir=run_dir, store=store, background="process") as run:
         run.track(model=model)
-        run.worker.prepared.wait(60)  # the child started and answered
+        run.commit()  # training has begun: the child starts
+        run.worker.prepared.wait(60)  # and has answered
         for step in range(10_000):
             with torch.no_grad():
                 model.weight.mul_(0.999)
@@ -474,3 +622,24 @@ def test_a_job_goes_to_the_child_as_json_and_comes_back_whole(tmp_path: Path) ->
         publish_process._job_document(
             "src", "dest/", head, PackOptions(storage_options={"session": object()}), {}, None, None
         )
+
+
+def test_a_forked_process_holding_the_pipe_does_not_keep_the_child_at_close() -> None:
+    """A data loader's workers are forked from the training process after the child started,
+    and hold a copy of its input's write end: ``close`` tells the child to end, and it ends
+    by itself (not killed after close's wait). (In a run the child also dies with the
+    snapshot worker's thread, which ends before the run's close.)"""
+    process = publish_process.PublishProcess()
+    process.start()
+    child = process._child
+    assert child is not None
+    holder = os.fork()
+    if holder == 0:  # the worker: holds every descriptor, does nothing
+        time.sleep(120)
+        os._exit(0)
+    try:
+        process.close()
+        assert child.returncode == 0  # ended by itself; close kills with -9 after 5 s
+    finally:
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)

@@ -508,7 +508,11 @@ def test_a_stop_waits_for_the_upload_once_within_upload_timeout(
     monkeypatch.setattr(ResumableRun, "wait", spy_wait)
     store = f"{tmp_path / 'store'}/"
     try:
-        out = tv.train(tmp_path / "runs", store=store, stop_at=4, upload_timeout=0.3)
+        # The thread's publish, whose ``publish`` is held here (the publish process's twin
+        # is in test_publish_process.py).
+        out = tv.train(
+            tmp_path / "runs", store=store, stop_at=4, upload_timeout=0.3, background="thread"
+        )
     finally:
         release.set()
     assert out.code == 42 and out.run is not None
@@ -639,6 +643,7 @@ def stopped_at_12(
         store=store,
         stop_at=12,
         before_commit=worker_nice(before),
+        background="thread",  # the packs are seen on the thread (the process's twin: its own)
         **run_kwargs,
     )
     assert out.code == 42 and out.run is not None

@@ -150,6 +150,7 @@ def test_a_publish_that_cannot_land_in_time_keeps_the_previous_restore_point(
             store=store,
             stop_at=3,
             upload_timeout=0.5,
+            background="thread",  # held above (test_publish_process.py holds the process)
             # Step 2's snapshot handled before the stop's: on a loaded machine the stop's could
             # otherwise replace it while it waits (coalesced), and land as the first publish.
             before_commit=lambda run, step: run.wait() if step == 3 else None,

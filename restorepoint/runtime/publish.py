@@ -24,6 +24,7 @@ snapshot needs: the last snapshot's size, or before the first one the tracked st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -97,6 +98,28 @@ def rank_file(rank: int, world: int) -> str:
     return "last.pt" if world == 1 else f"last.rank{rank}.pt"
 
 
+#: The nice value of the thread that writes ``last.pt`` beside a periodic publish: the
+#: lowest. Its work is a copy into the page cache, which at the background's nice (+10) took
+#: the training thread's core for about 5% of its time beside a 1 GiB publish (the kernel
+#: places it wherever a core is less busy, the training thread's included) and at +19 about
+#: 1 to 2% (docs/performance.md, "The publish in a process of its own"). A stop gives it the
+#: training priority back (``Publisher.unthrottle``), as it does the publish.
+SAVE_NICE = 19
+
+
+def _thread_nice(native_id: int) -> int | None:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, native_id)
+    except OSError:
+        return None
+
+
+def _set_thread_nice(native_id: int, value: int) -> None:
+    """Where the system lets it (raising a priority needs root or ``RLIMIT_NICE``)."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, native_id, value)
+
+
 def _peers(memory: Mapping[str, InMemory]) -> dict[str, Peer | bytes] | None:
     """The payload files in memory as the publish process reads them (a snapshot image: where
     its tensors lie in this process; a small file: its bytes), or None when one of them is
@@ -154,6 +177,11 @@ class Publisher:
         #: Whether a publish process that cannot be had is worth a warning: asked for by name
         #: (``background="process"``), not taken where it could run (``auto``).
         self._asked = background == "process"
+        #: The thread writing ``last.pt`` beside a publish (its native id), while it runs;
+        #: whether a stop gave the priority back; the lock that orders the two.
+        self._saver: int | None = None
+        self._unthrottled = False
+        self._nice_lock = threading.Lock()
         #: The publish in a process of its own (``background`` "process", or "auto" on Linux
         #: without encryption: one process, a store); None: on the worker's thread. Started by
         #: ``prepare`` on the worker's thread, which outlives every publish (the child dies
@@ -208,7 +236,13 @@ class Publisher:
         self.process = None
 
     def unthrottle(self) -> None:
-        """A stop: the publish process takes the training process's priority back too."""
+        """A stop: the publish process, and a ``last.pt`` write in flight, take the training
+        process's priority back too."""
+        with self._nice_lock:
+            self._unthrottled = True
+            saver, base = self._saver, _thread_nice(os.getpid())  # the main thread's
+            if saver is not None and base is not None:
+                _set_thread_nice(saver, base)
         if self.process is not None:
             self.process.unthrottle()
 
@@ -304,10 +338,22 @@ class Publisher:
         failed: list[BaseException] = []
 
         def save() -> None:
+            me = threading.get_native_id()
+            # Lowest beside a periodic publish (the worker's thread is throttled: this
+            # thread inherited its nice, above the training thread's); after a stop at the
+            # priority it inherited; raised by ``unthrottle`` while it runs.
+            with self._nice_lock:
+                self._saver = me
+                mine, base = _thread_nice(me), _thread_nice(os.getpid())
+                throttled = mine is not None and base is not None and mine > base
+                if throttled and not self._unthrottled:
+                    _set_thread_nice(me, SAVE_NICE)
             try:
                 save_image(image, target, self.directory.path)
             except BaseException as exc:  # handed to the worker's thread below
                 failed.append(exc)
+            finally:
+                self._saver = None
 
         saver = threading.Thread(target=save, name="rp-save", daemon=True)
         saver.start()

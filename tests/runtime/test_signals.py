@@ -698,3 +698,49 @@ def test_background_nice_none_keeps_the_training_priority(
     _, seen, before, _ = stopped_at_12(tmp_path, monkeypatch, background_nice=None)
     assert before == [base]
     assert len(seen) >= 2 and {nice for _, nice in seen} == {base}, seen
+
+
+def test_the_last_pt_write_runs_lowest_beside_training_and_a_stop_raises_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread that writes ``last.pt`` beside a periodic publish runs at nice 19 (its copy
+    into the page cache would otherwise take the training thread's core); a stop raises a
+    write in flight to the training priority, and the stop's own write starts there."""
+    if os.geteuid() != 0:
+        pytest.skip("raising a thread's priority back needs root (or RLIMIT_NICE)")
+    from restorepoint.runtime import publish as runtime_publish
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    stopped = threading.Event()
+    real_unthrottle = runtime_publish.Publisher.unthrottle
+
+    def unthrottle(self: Any) -> None:
+        real_unthrottle(self)
+        stopped.set()
+
+    saves: list[tuple[int, int]] = []  # (nice at the start, nice after the stop's unthrottle)
+    began = threading.Event()
+    real_save = runtime_publish.save_image
+
+    def save(image: Any, target: Path, scratch: Path) -> None:
+        me = threading.get_native_id()
+        first = os.getpriority(os.PRIO_PROCESS, me)
+        if not began.is_set():  # the first periodic write: held until the stop's unthrottle
+            began.set()
+            assert stopped.wait(60)
+        saves.append((first, os.getpriority(os.PRIO_PROCESS, me)))
+        real_save(image, target, scratch)
+
+    monkeypatch.setattr(runtime_publish.Publisher, "unthrottle", unthrottle)
+    monkeypatch.setattr(runtime_publish, "save_image", save)
+    store = f"{tmp_path / 'store'}/"
+    out = tv.train(
+        tmp_path / "runs", config=every(5), store=store, stop_at=12,
+        # Step 5's write under way before training goes on (not coalesced into the stop's).
+        before_commit=lambda run, step: began.wait(60) if step == 6 else None,
+    )  # fmt: skip
+    assert out.code == 42
+    # The periodic write at 19, raised by the stop; the stop's own at the training priority.
+    assert saves[0] == (19, base), saves
+    assert saves[-1] == (base, base), saves
+    assert max(e.step for e in list_store(store)) == 12

@@ -49,6 +49,22 @@ __all__ = [
 ]
 
 
+def thread_nice(native_id: int) -> int | None:
+    """A thread's nice value (on Linux a nice value is per thread), or None where the system
+    does not say (no ``getpriority``, or an id it does not know)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, native_id)
+    except (OSError, AttributeError):
+        return None
+
+
+def set_thread_nice(native_id: int, value: int) -> None:
+    """Set a thread's nice value where the system lets it (raising a priority needs root or
+    ``RLIMIT_NICE``); nothing otherwise."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, native_id, value)
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a directory's entries durable (a rename or a create in it)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

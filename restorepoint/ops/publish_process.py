@@ -48,7 +48,7 @@ from typing import IO, Any, BinaryIO
 import restorepoint
 
 from .. import errors
-from .._posix import allow_reader, die_with_parent, read_memory
+from .._posix import allow_reader, die_with_parent, read_memory, set_thread_nice
 from ..errors import RestorePointError
 from ..format import Position, Trainer
 from ..storage import deadline_left, set_store_deadline, watch_store_deadline
@@ -448,8 +448,8 @@ def _failure(exc: BaseException) -> dict[str, Any]:
 def _set_nice(value: int) -> None:
     """Every thread of this process at ``value`` (on Linux a nice value is per thread)."""
     for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError, ValueError):
-            os.setpriority(os.PRIO_PROCESS, int(task), value)
+        if task.isdigit():
+            set_thread_nice(int(task), value)
 
 
 def _job_document(  # noqa: PLR0913, PLR0917 - ops.publish's arguments, carried whole

@@ -24,7 +24,6 @@ snapshot needs: the last snapshot's size, or before the first one the tracked st
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -36,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .._posix import atomic_write
+from .._posix import atomic_write, set_thread_nice, thread_nice
 from ..errors import RestorePointError
 from ..format import PartRef, Position
 from ..ops._source import BytesFile, InMemory
@@ -105,19 +104,6 @@ def rank_file(rank: int, world: int) -> str:
 #: 1 to 2% (docs/performance.md, "The publish in a process of its own"). A stop gives it the
 #: training priority back (``Publisher.unthrottle``), as it does the publish.
 SAVE_NICE = 19
-
-
-def _thread_nice(native_id: int) -> int | None:
-    try:
-        return os.getpriority(os.PRIO_PROCESS, native_id)
-    except OSError:
-        return None
-
-
-def _set_thread_nice(native_id: int, value: int) -> None:
-    """Where the system lets it (raising a priority needs root or ``RLIMIT_NICE``)."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, native_id, value)
 
 
 def _peers(memory: Mapping[str, InMemory]) -> dict[str, Peer | bytes] | None:
@@ -240,9 +226,9 @@ class Publisher:
         process's priority back too."""
         with self._nice_lock:
             self._unthrottled = True
-            saver, base = self._saver, _thread_nice(os.getpid())  # the main thread's
+            saver, base = self._saver, thread_nice(os.getpid())  # the main thread's
             if saver is not None and base is not None:
-                _set_thread_nice(saver, base)
+                set_thread_nice(saver, base)
         if self.process is not None:
             self.process.unthrottle()
 
@@ -344,10 +330,10 @@ class Publisher:
             # priority it inherited; raised by ``unthrottle`` while it runs.
             with self._nice_lock:
                 self._saver = me
-                mine, base = _thread_nice(me), _thread_nice(os.getpid())
+                mine, base = thread_nice(me), thread_nice(os.getpid())
                 throttled = mine is not None and base is not None and mine > base
                 if throttled and not self._unthrottled:
-                    _set_thread_nice(me, SAVE_NICE)
+                    set_thread_nice(me, SAVE_NICE)
             try:
                 save_image(image, target, self.directory.path)
             except BaseException as exc:  # handed to the worker's thread below

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import sys
 import threading
@@ -36,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from .._posix import set_thread_nice, thread_nice
 from ..format import Position
 
 log = logging.getLogger("restorepoint")
@@ -114,9 +114,9 @@ class SnapshotWorker(Generic[T]):
         is per thread, and the pack threads it starts inherit it."""
         if not self._nice or self.native_id is None:
             return
-        with contextlib.suppress(OSError, AttributeError):
-            base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-            os.setpriority(os.PRIO_PROCESS, self.native_id, min(19, base + self._nice))
+        base = thread_nice(threading.get_native_id())
+        if base is not None:
+            set_thread_nice(self.native_id, min(19, base + self._nice))
 
     def unthrottle(self) -> None:
         """Training waits for the publish now: the thread gets this process's priority back
@@ -124,13 +124,15 @@ class SnapshotWorker(Generic[T]):
         but with training stopped it competes only with other processes."""
         if not self._nice or self.native_id is None:
             return
-        with contextlib.suppress(OSError, AttributeError):
-            base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-            os.setpriority(os.PRIO_PROCESS, self.native_id, base)
+        base = thread_nice(threading.get_native_id())
+        if base is not None:
+            set_thread_nice(self.native_id, base)
 
     def begin(self) -> None:
-        """Training has begun (a resume, if any, is over): the thread may prepare now."""
-        self._begun.set()
+        """Training has begun (a resume, if any, is over): the thread may prepare now. Called
+        at every commit: after the first, one attribute read."""
+        if not self._begun.is_set():
+            self._begun.set()
 
     def submit(self, snap: T) -> None:
         self._begun.set()

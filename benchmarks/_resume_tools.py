@@ -372,6 +372,45 @@ class Cycle:
             self.step()
         shutil.rmtree(run_dir)
 
+    def save_restorepoint_stop(self, tag: str) -> None:
+        """Ours under a stop (SIGTERM, a termination notice, Slurm's signal): the state at the
+        stop is copied and published while training waits, at the process's priority (the
+        cores are the publish's and ``last.pt``'s), then the run exits 42 (caught here).
+        Published: when the stop returns, the restore point in the store and ``last.pt`` in
+        the run directory (a stop waits for both). No compute loop runs: training has stopped."""
+        run_dir = self.work / f"run-{tag}"
+        try:
+            with self._run(tag, run_dir) as run:
+                run.track(model=self.model, optimizer=self.optimizer)
+                publisher, close = run.publisher, run.publisher.close
+
+                def closing() -> None:
+                    # The child's peak, read before the run ends it.
+                    process = publisher.process
+                    self.out["rss_child"] = (process.peak_rss() or 0) if process else 0
+                    close()
+
+                publisher.close = closing  # type: ignore[method-assign]
+                run.commit()
+                run.worker.prepared.wait(60)
+                run.request_stop()
+                t0 = time.perf_counter()
+                run.commit()
+        except SystemExit as exc:
+            if exc.code != 42:
+                raise RuntimeError(f"the stop exited {exc.code}") from None
+            self.out["published_s"] = time.perf_counter() - t0
+        else:
+            raise RuntimeError("the stop did not end the run")
+        self.out["pause_s"] = run.last_pause_s
+        upload = run.uploads[-1] if run.uploads else {}
+        if not upload.get("ok"):
+            raise RuntimeError(f"the publish failed: {upload}")
+        shutil.rmtree(run_dir)
+        self.out["bytes"] = self.store.size("rp")
+
+    resume_restorepoint_stop = resume_restorepoint
+
     def save_restorepoint_thread(self, tag: str) -> None:
         self.save_restorepoint(tag, background="thread")
 

@@ -33,6 +33,11 @@ store, every tool in a seeded shuffled order (ours, a peer, ..., then the next r
   the default, on Linux): its save's peak RSS is this process's plus the child's.
   ``restorepoint-thread`` is ours with ``background="thread"`` (the publish on a thread of
   the training process), and its figures get a ratio column of their own.
+  ``restorepoint-stop`` is ours under a stop (``request_stop``, as SIGTERM or a termination
+  notice asks): the state at the stop is published while training waits, at the process's
+  priority, and "published" is when the stop would exit 42 (the restore point
+  in the store, ``last.pt`` in the run directory). No compute loop runs beside it (training
+  has stopped), so it has no slowdown; its ratios get a column of their own too.
 - the mean step's slowdown in the parts that the kernel accounts to the training thread
   (``schedstat``), each in a mean baseline step's time, less what the baseline had of it:
   **waited for a core** (runnable while the background's threads ran on its core) and
@@ -85,6 +90,7 @@ HINT = "bench_resume.py needs torch, s3fs, moto[server] and boto3: restorepoint[
 TOOLS = (
     "restorepoint",
     "restorepoint-thread",
+    "restorepoint-stop",
     "torch.save",
     "dcp.save",
     "dcp.async_save",
@@ -98,6 +104,7 @@ TOOLS = (
 OURS = (
     "restorepoint",
     "restorepoint-thread",
+    "restorepoint-stop",
     "restorepoint-nice0",
     "restorepoint-nice5",
     "restorepoint-nice10",
@@ -114,6 +121,9 @@ FIGURES = (
     "rss_save",
     "rss_resume",
 )
+#: Rows of ours whose ratios to the best peer get a column of their own beside the default's:
+#: the publish on the training process's thread, and the publish of a stop (training waits).
+EXTRA_COLUMNS = ("thread", "stop")
 #: The slowdown and its parts that the kernel accounts: shown side by side, not as ratios.
 SHARES = ("slowdown", "waited_core", "waited_blocked")
 
@@ -361,8 +371,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         }
         if "restorepoint-nice0" in ratios:
             out[kind]["vs_best_peer_nice0"] = ratios["restorepoint-nice0"]
-        if "restorepoint-thread" in ratios and first != "restorepoint-thread":
-            out[kind]["vs_best_peer_thread"] = ratios["restorepoint-thread"]
+        for extra in EXTRA_COLUMNS:
+            if f"restorepoint-{extra}" in ratios and first != f"restorepoint-{extra}":
+                out[kind][f"vs_best_peer_{extra}"] = ratios[f"restorepoint-{extra}"]
     return out
 
 
@@ -424,14 +435,17 @@ def print_table(results: list[dict[str, Any]]) -> None:
                 f" (median of {res['repeat']}; load average {res['load_start']:.2f}"
                 f" -> {res['load_end']:.2f})"
             )
-            thread = summary.get("vs_best_peer_thread")
-            head = "  ours / best peer" + (" | thread / best peer" if thread else "")
+            extras = {
+                e: summary[f"vs_best_peer_{e}"]
+                for e in EXTRA_COLUMNS
+                if summary.get(f"vs_best_peer_{e}")
+            }
+            head = "  ours / best peer" + "".join(f" | {e} / best peer" for e in extras)
             print(f"{'figure':30}" + "".join(f"{t:>19}" for t in tools) + head)
             for fig in FIGURES:
                 row = f"{names[fig]:30}" + "".join(f"{fmt(fig, med[t][fig]):>19}" for t in tools)
                 cell = _cell(fig, summary["vs_best_peer"].get(fig))
-                if thread:
-                    cell += f" | {_cell(fig, thread.get(fig))}"
+                cell += "".join(f" | {_cell(fig, ratios.get(fig))}" for ratios in extras.values())
                 print(row + f"  {cell}")
             loads = "".join(f"{med[t]['load_resume'] or 0:>19.2f}" for t in tools)
             print(f"{'load average (1 min)':30}" + loads)

@@ -70,6 +70,7 @@ from ..runtime.contract import (
     leave_stop_marker,
     ready_document,
     report_ready,
+    stop_store_deadline,
 )
 from ..runtime.safe_load import weights_only_loads
 from ..runtime.signals import SignalFlags, default_stop_signals, signal_name
@@ -543,7 +544,8 @@ class AccelerateRun(Processes):
         # One upload_timeout for the whole stop; the store's retries end with it too (and the
         # deadline with the stop: the previous one is put back).
         deadline = time.monotonic() + self.upload_timeout
-        with store_deadline(deadline):
+        # Under a supervisor, its own deadline where sooner, at which the codec aims too.
+        with store_deadline(stop_store_deadline(self.upload_timeout)[0]):
             where = self._final_publish(Position(step, epoch), metrics, deadline)
         if self.is_main:
             print(stop_message(why, step, where), file=sys.stderr, flush=True)

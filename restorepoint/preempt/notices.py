@@ -57,6 +57,9 @@ class NoticeSteps:
     def _stop_trainer(self, deadline: float | None = None) -> None:
         raise NotImplementedError
 
+    def _leave_deadline(self, when: float) -> None:
+        raise NotImplementedError
+
     def _arm_kill(self, deadline: float | None = None) -> None:
         raise NotImplementedError
 
@@ -89,6 +92,9 @@ class NoticeSteps:
             self._stopping = True
             self._stop_taken = notice.detail
         deadline = self._deadline(notice)
+        if stop and self._loop is None:
+            # A trainer that publishes itself aims its stop's publish at the same deadline.
+            self._leave_deadline(deadline)
         ready = self.ready()
         if self._loop is not None and self._loop.up and self._proc is not None:
             # An external trainer writes no ready file: its ready line says it is up.

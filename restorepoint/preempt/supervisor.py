@@ -64,6 +64,7 @@ from ..runtime.contract import (
     STORE_ENV,
     Ready,
     ended_by_refusal,
+    leave_stop_deadline,
     read_ready,
 )
 from ..runtime.snapshot_request import SnapshotTarget, request_snapshot
@@ -210,6 +211,16 @@ class Supervisor(ResumeSteps, NoticeSteps):
                 continue
             sent += 1
         return sent
+
+    def _leave_deadline(self, when: float) -> None:
+        """Tell the trainers until when (``time.time()``) this stop waits for their restore
+        point, before they are asked to stop (``contract.stop_store_deadline``)."""
+        if self._ready_dir is None:
+            return
+        try:
+            leave_stop_deadline(self._ready_dir, when)
+        except OSError as exc:
+            log.warning("could not tell the trainer the stop's deadline: %s", exc)
 
     def _stop_ready(self) -> int:
         sent = 0

@@ -19,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -60,6 +62,7 @@ __all__ = [
     "RESUME_URL_ENV",
     "SIGNING_KEY_ENV",
     "STATUS_FILE",
+    "STOP_DEADLINE_FILE",
     "STOP_DIR_ENV",
     "STORE_ENV",
     "TRAINER_FILE",
@@ -70,6 +73,7 @@ __all__ = [
     "incremental_from_env",
     "is_int",
     "leave_refusal_marker",
+    "leave_stop_deadline",
     "leave_stop_marker",
     "max_resubmits_from_env",
     "now",
@@ -77,6 +81,7 @@ __all__ = [
     "report_ready",
     "report_refusal",
     "resumable_exit",
+    "stop_store_deadline",
     "stopped_by_contract",
 ]
 
@@ -115,6 +120,12 @@ INCREMENTAL_ENV = "RESTOREPOINT_INCREMENTAL"
 #: Written into the ready directory by a trainer whose resume the gate refused: the refused
 #: field names, for the supervisor's telemetry.
 REFUSED_FILE = "resume-refused.json"
+
+#: Written into the ready directory by a supervisor before it stops its trainer: until when
+#: (``time.time()``) it waits for the trainer's restore point (a notice's deadline less the
+#: margin; a stop without one, its snapshot timeout). Not named ``*.json``: no ready file.
+STOP_DEADLINE_FILE = "stop-deadline"
+STOP_DEADLINE_LIMIT = 4096
 
 IDENTITY_FILE = "config_identity.json"
 STATUS_FILE = "run_status.json"
@@ -326,6 +337,37 @@ def report_ready(doc: Mapping[str, Any]) -> Path | None:
     path = Path(ready) / f"{os.getpid()}.json"
     atomic_write(path, _json_line(doc))
     return path
+
+
+def leave_stop_deadline(ready_dir: Path, when: float) -> None:
+    """A supervisor's side of ``stop_store_deadline``: say until when (``time.time()``) it
+    waits for the restore point of the stop it is about to ask for."""
+    atomic_write(ready_dir / STOP_DEADLINE_FILE, _json_line({"deadline": when}))
+
+
+def stop_store_deadline(upload_timeout: float) -> tuple[float, bool]:
+    """The store deadline (``time.monotonic()``) of a stop that waits ``upload_timeout`` for
+    its publish, and whether a supervisor's deadline set it. Under ``restorepoint run`` it is
+    the deadline the supervisor left (``leave_stop_deadline``) where that is sooner and still
+    ahead: the publish then aims at the time the supervisor waits for it (a termination
+    notice's deadline less the margin), its codec chosen and its retries bounded by it (spec
+    15.5, 13 W4b). The file is read as hostile (a regular file, capped, one finite number); a
+    missing, unreadable or past one leaves ``upload_timeout``."""
+    own = time.monotonic() + upload_timeout
+    ready = os.environ.get(READY_ENV)
+    if not ready:
+        return own, False
+    try:
+        when = json.loads(read_regular(Path(ready) / STOP_DEADLINE_FILE, limit=STOP_DEADLINE_LIMIT))
+        when = when["deadline"]
+    except (ValueError, KeyError, TypeError, OSError, RecursionError):
+        return own, False
+    if not isinstance(when, (int, float)) or isinstance(when, bool) or not math.isfinite(when):
+        return own, False
+    theirs = time.monotonic() + (when - time.time())
+    if not time.monotonic() < theirs < own:
+        return own, False
+    return theirs, True
 
 
 def read_ready(ready_dir: Path) -> list[Ready]:

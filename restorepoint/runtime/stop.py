@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from .._text import printable
 from ..storage import set_store_deadline
-from .contract import EXIT_RESUMABLE, leave_stop_marker
+from .contract import EXIT_RESUMABLE, leave_stop_marker, stop_store_deadline
 from .signals import signal_name
 
 if TYPE_CHECKING:
@@ -50,8 +50,12 @@ def stop(run: ResumableRun) -> NoReturn:
     run.snapshot()
     # One upload_timeout for the whole stop: __exit__ waits only for what is left of it.
     run._upload_deadline = time.monotonic() + run.upload_timeout
-    # The store's retries too (storage/_retry.py): no wait past the deadline.
-    set_store_deadline(run._upload_deadline)
+    # The store's retries too (storage/_retry.py): no wait past the deadline; under a
+    # supervisor, its own deadline where that is sooner (the notice's, less the margin), at
+    # which the adaptive codec aims too.
+    store_deadline, theirs = stop_store_deadline(run.upload_timeout)
+    set_store_deadline(store_deadline)
+    store_deadline_s = round(store_deadline - time.monotonic(), 3)
     finished = run.wait(run.upload_timeout)
     over = limit is not None and run._resubmits > limit
     run._event(
@@ -60,6 +64,8 @@ def stop(run: ResumableRun) -> NoReturn:
         step=run.step,
         upload_finished=finished,
         resubmit_count=run._resubmits,
+        store_deadline_s=store_deadline_s,
+        deadline_from="supervisor" if theirs else "upload_timeout",
     )
     if over:
         run._write_status("failed", error=f"resubmit limit {limit} reached")

@@ -180,6 +180,7 @@ def arm_when_up(
 ) -> None:  # fmt: skip
     up(run_dir)
     time.sleep(after)
+    armed["at"] = time.time()
     armed["deadline"] = emu.arm_instance_action(action, seconds=notice_s)
 
 
@@ -225,6 +226,10 @@ def test_spot_stop_at_random_moments_publishes_in_time_and_resumes_equal(
         assert status(run_dir) == "preempted", where
         (shutdown,) = events(run_dir, "graceful_shutdown")
         assert shutdown["signal"] == "SIGTERM" and shutdown["upload_finished"], where
+        # The trainer's publish aimed at the supervisor's deadline (the notice's less the 5 s
+        # margin), not at its own upload_timeout (300 s).
+        assert shutdown["deadline_from"] == "supervisor", where
+        assert 0 < shutdown["store_deadline_s"] <= deadline - 5.0 - armed["at"] + 0.05, where
         (entry,) = list_store(store_url(store), run=RUN_ID)
         assert entry.step == shutdown["step"] < STEPS, where
         assert (store / entry.name).stat().st_mtime <= deadline, where

@@ -250,7 +250,11 @@ def test_status_and_events_contents(tmp_path: Path) -> None:
         "step": 6,
         "time": shutdown["time"],
         "upload_finished": True,
+        # No supervisor: the stop's own upload_timeout (tv.train's default, 300 s) bounds it.
+        "store_deadline_s": shutdown["store_deadline_s"],
+        "deadline_from": "upload_timeout",
     }
+    assert 250 < shutdown["store_deadline_s"] <= 300
 
     second = tv.train(tmp_path / "runs", config=config, store=store)
     assert second.code == 0

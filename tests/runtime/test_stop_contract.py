@@ -7,8 +7,10 @@ the trainer's; the marker rule that maps a launcher's failure back to 42."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +24,13 @@ from restorepoint.ops import list_store  # noqa: E402
 from restorepoint.runtime.contract import (  # noqa: E402
     MAX_RESUBMITS_ENV,
     READY_ENV,
+    STOP_DEADLINE_FILE,
     STOP_DIR_ENV,
     ended_by_refusal,
+    leave_stop_deadline,
     report_refusal,
     resumable_exit,
+    stop_store_deadline,
     stopped_by_contract,
 )
 from restorepoint.storage import deadline_left  # noqa: E402
@@ -94,6 +99,66 @@ def test_the_stops_store_deadline_ends_with_the_run(tmp_path: Path) -> None:
     assert out.code == 42 and out.run is not None
     assert out.run._upload_deadline is not None  # the stop set one
     assert deadline_left() is None  # and it ended with the run
+
+
+def test_a_supervisors_sooner_deadline_is_the_stops_store_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``restorepoint run`` the supervisor leaves the time it waits for the restore point
+    (a termination notice's deadline less the margin) in the ready directory before its
+    SIGTERM: the stop's publish aims at it (its codec, its retries) where it is sooner than
+    upload_timeout, and the stop's event says so. The wait itself stays upload_timeout: the
+    supervisor's SIGKILL, not the trainer, ends a publish that runs late."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    monkeypatch.setenv(READY_ENV, str(ready))
+    leave_stop_deadline(ready, time.time() + 20.0)
+    out = tv.train(tmp_path / "runs", store=str(tmp_path / "store") + "/", stop_at=2)
+    assert out.code == 42 and out.run is not None
+    (shutdown,) = [e for e in tv.events(out.run.run_dir) if e["event"] == "graceful_shutdown"]
+    assert shutdown["deadline_from"] == "supervisor" and shutdown["upload_finished"]
+    assert 0 < shutdown["store_deadline_s"] <= 20.0
+    assert deadline_left() is None  # it ended with the run
+    (entry,) = list_store(str(tmp_path / "store") + "/")
+    assert entry.step == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (None, "no file: no supervisor stopping"),
+        (b'{"deadline": %d}', "later than upload_timeout"),
+        (b'{"deadline": %d}', "already past"),
+        (b'{"deadline": "soon"}', "not a number"),
+        (b'{"deadline": true}', "a boolean"),
+        (b'{"deadline": NaN}', "not finite"),
+        (b'{"deadline": 1e999}', "not finite"),
+        (b"[" * 3000 + b"]" * 3000, "too deep, and too large"),
+        (b"[[[[1]]]]", "not an object"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b'{"deadline": 1}' + b" " * 5000, "over the size cap"),
+        ("fifo", "a FIFO, never waited on"),
+        ("directory", "not a regular file"),
+    ],
+)
+def test_a_stop_deadline_file_that_is_not_one_leaves_upload_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes | str | None, why: str
+) -> None:
+    """The ready directory's deadline is read as hostile: anything but a regular file of one
+    finite time, ahead and sooner than upload_timeout, leaves the stop's own deadline."""
+    monkeypatch.setenv(READY_ENV, str(tmp_path))
+    path = tmp_path / STOP_DEADLINE_FILE
+    if content == "fifo":
+        os.mkfifo(path)
+    elif content == "directory":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        when = time.time() + (600 if why.startswith("later") else -5)
+        path.write_bytes(content.replace(b"%d", str(int(when)).encode()))
+    before = time.monotonic()
+    deadline, theirs = stop_store_deadline(60.0)
+    assert not theirs, why
+    assert before + 60.0 <= deadline <= time.monotonic() + 60.0, why
 
 
 def test_sigint_is_a_stop_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

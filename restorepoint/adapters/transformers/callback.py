@@ -28,7 +28,6 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ from ...runtime.contract import (
     incremental_from_env,
     leave_stop_marker,
     report_ready,
+    stop_store_deadline,
 )
 from ...runtime.signals import SignalFlags, default_stop_signals, signal_name
 from ...runtime.stop import stop_message
@@ -473,9 +473,10 @@ class RestorePointCallback(TrainerCallback):
         finished = True
         if self._worker is not None:
             self._worker.unthrottle()
-            # The store's retries end with the wait: no retry past the stop's deadline. The
-            # deadline is this stop's only: it is put back before anything else happens.
-            set_store_deadline(time.monotonic() + self.upload_timeout)
+            # The store's retries end with the wait: no retry past the stop's deadline (under
+            # a supervisor, its own where sooner). The deadline is this stop's only: it is put
+            # back before anything else happens.
+            set_store_deadline(stop_store_deadline(self.upload_timeout)[0])
             try:
                 finished = self.wait(self.upload_timeout)
             finally:

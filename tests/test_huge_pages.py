@@ -21,6 +21,7 @@ from restorepoint._posix import (
     POPULATE_MIN,
     _madvise,
     advise_huge_pages,
+    freed_memory_reported,
     huge_buffer,
     populate,
 )
@@ -29,6 +30,57 @@ pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or _madvise() is None,
     reason="transparent huge pages are Linux's (and need its sysfs entry)",
 )
+
+
+@pytest.fixture(autouse=True)
+def kept_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The advice as a guest whose freed memory stays its own asks for it: on a guest that
+    reports freed memory to its host (this test suite's VM may), none is asked for, and the
+    tests of that are below."""
+    monkeypatch.setattr(_posix, "freed_memory_reported", lambda: False)
+
+
+def _balloon(root: Path, name: str, features: str | None) -> None:
+    device = root / name
+    device.mkdir(parents=True)
+    if features is not None:
+        (device / "features").write_text(features + "\n")
+
+
+def test_a_balloon_that_reports_freed_memory_is_seen(tmp_path: Path) -> None:
+    """Free page reporting is bit 5 of a virtio balloon's features (VIRTIO_BALLOON_F_REPORTING);
+    no balloon, a balloon without it, or one whose features cannot be read is no reporting."""
+    check = freed_memory_reported.__wrapped__
+    assert not check(str(tmp_path / "none"))
+    _balloon(tmp_path / "a", "virtio0", "0110000100" + "0" * 118)
+    assert not check(str(tmp_path / "a"))
+    _balloon(tmp_path / "b", "virtio0", None)
+    _balloon(tmp_path / "b", "virtio3", "0110010100" + "0" * 118)
+    assert check(str(tmp_path / "b"))
+    _balloon(tmp_path / "c", "virtio0", "0110")
+    assert not check(str(tmp_path / "c"))
+
+
+def test_where_freed_memory_is_reported_no_huge_page_is_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """There a fresh huge page is memory the host must back again at its first touch: the
+    fresh memory is left to the kernel's 4 KiB pages, which it recycles; a buffer of its own
+    is still a mapping of its own."""
+    monkeypatch.setattr(_posix, "freed_memory_reported", lambda: True)
+    own = huge_buffer(HUGE_ADVICE * 2)
+    assert own is not None  # a mapping of its own still, for its pages to be given back
+    assert len(own) == HUGE_ADVICE * 2 and not _advised(_address(own))
+    del own
+    size = 4 * HUGE_ADVICE
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        address = _address(memoryview(mapping))
+        advise_huge_pages(address, size)
+        assert not _advised(address + size // 2)
+    finally:
+        gc.collect()
+        mapping.close()
 
 
 def _mapping(address: int) -> dict[str, str] | None:

@@ -81,6 +81,25 @@ def test_merge_undoes_split(data: bytes, width: int) -> None:
     assert planes.merge_planes(list(split), data[len(data) // width * width :]) == data
 
 
+@pytest.mark.parametrize("width", planes.PLANE_WIDTHS)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_numpys_split_is_the_slices_split(width: int, offset: int) -> None:
+    """Where the process has numpy, a large chunk is split by shifts of little-endian words
+    narrowed to bytes: each plane is byte k of every element, as the slices make it, for
+    every width, with a tail, from memory aligned or not (a view one byte in)."""
+    pytest.importorskip("numpy")
+    size = (3 << 20) // width * width + width - 1  # past a block of rows, and a tail
+    data = os.urandom(size + offset)[offset:]
+    view = memoryview(bytearray(b"\0" * offset + data))[offset:].toreadonly()
+    end = size // width * width
+    expected = [data[k:end:width] for k in range(width)]
+    assert len(data) // width >= planes._NUMPY_MIN
+    for source in (data, view):
+        assert [bytes(p) for p in planes.split_planes(source, width)] == expected
+    tail = data[end:]
+    assert planes.merge_planes(planes.split_planes(data, width), tail) == data
+
+
 # -- round trips -----------------------------------------------------------------------------
 
 

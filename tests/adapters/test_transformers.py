@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from restorepoint.adapters.transformers import (
     trainer_config,
 )
 from restorepoint.adapters.transformers._checkpoint import RECORD
+from restorepoint.runtime.contract import READY_ENV, leave_stop_deadline
 from restorepoint.storage import _retry
 from restorepoint.testing.adapter import AdapterConformance
 
@@ -211,6 +213,34 @@ def test_sigusr2_in_process_stops_at_the_next_step(
     # save_steps=3: checkpoint-2 is the snapshot request's, checkpoint-3 a periodic one.
     for step in (2, 3, 5):
         assert (tmp_path / f"checkpoint-{step}" / RECORD).is_file()
+
+
+def test_a_stop_under_a_supervisor_aims_at_the_supervisors_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Under ``restorepoint run`` the supervisor leaves, before its SIGTERM, the time it waits
+    for the restore point; the callback's stop takes it as its store deadline where it is
+    sooner than upload_timeout (the stopped event says which), and publishes."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    monkeypatch.setenv(READY_ENV, str(ready))
+    leave_stop_deadline(ready, time.time() + 30.0)
+
+    class Stop(Steps):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    store = f"{tmp_path / 'store'}/"
+    with Process():
+        trainer, rp, _ = make_trainer(tmp_path / "out", store=store, callbacks=[Stop()])
+        with pytest.raises(SystemExit) as stopped:
+            trainer.train()
+    assert stopped.value.code == 42
+    event = next(e for e in rp.events if e["event"] == "stopped")
+    assert event["deadline_from"] == "supervisor" and event["published"] is True
+    assert list_store(store)[0].step == 3
+    assert "restorepoint: stop (SIGTERM) at step 3" in capfd.readouterr().err
 
 
 def test_with_save_strategy_best_a_stop_still_saves(

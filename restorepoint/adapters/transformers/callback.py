@@ -471,12 +471,15 @@ class RestorePointCallback(TrainerCallback):
         why = signal_name(signals[-1]) if signals else "requested"
         step = int(state.global_step)
         finished = True
+        deadline_from = None
         if self._worker is not None:
             self._worker.unthrottle()
             # The store's retries end with the wait: no retry past the stop's deadline (under
             # a supervisor, its own where sooner). The deadline is this stop's only: it is put
             # back before anything else happens.
-            set_store_deadline(stop_store_deadline(self.upload_timeout)[0])
+            deadline, theirs = stop_store_deadline(self.upload_timeout)
+            deadline_from = "supervisor" if theirs else "upload_timeout"
+            set_store_deadline(deadline)
             try:
                 finished = self.wait(self.upload_timeout)
             finally:
@@ -503,8 +506,11 @@ class RestorePointCallback(TrainerCallback):
                 f"checkpoint-{step} saved; the publish failed ({error}): the store's previous "
                 "restore point stays the newest"
             )
-        self._record("stopped", signal=why, step=step, saved=saved, published=bool(
-            outcome is not None and outcome.url is not None))  # fmt: skip
+        published = outcome is not None and outcome.url is not None
+        self._record(
+            "stopped", signal=why, step=step, saved=saved, published=published,
+            deadline_from=deadline_from,
+        )  # fmt: skip
         if state.is_world_process_zero:
             print(stop_message(why, step, where), file=sys.stderr, flush=True)
         with contextlib.suppress(OSError, ValueError):

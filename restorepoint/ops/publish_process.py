@@ -8,7 +8,7 @@ publish cost a training thread (its core wait and blocked time) fell from 5.1% o
 a process of its own").
 
 The parent (``PublishProcess``) starts the child once and hands it one job at a time over a
-pipe. Both ways the messages are JSON, data only (``_job_document``, ``_job_from``): no
+pipe. Both ways the messages are JSON, data only (``_publish_wire``): no
 unpickler on either side. A publish whose values JSON cannot carry (storage options holding
 objects, encryption keys) is published on the parent's thread instead. The child:
 
@@ -26,7 +26,7 @@ objects, encryption keys) is published on the parent's thread instead. The child
   ``process_vm_readv``), says so at its start, and the parent publishes on its own thread.
 
 The child is ``python -c _BOOT PARENT_PID``, which ignores the stop and snapshot signals
-before anything else and then runs ``main``; it imports no torch.
+before anything else and then runs ``_publish_child.main``; it imports no torch.
 """
 
 from __future__ import annotations
@@ -34,34 +34,29 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import logging
 import os
-import queue
-import struct
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any, BinaryIO
+from typing import IO, Any
 
 import restorepoint
 
 from .. import errors
-from .._posix import allow_reader, die_with_parent, read_memory, set_thread_nice
+from .._posix import allow_reader
 from ..errors import RestorePointError
-from ..format import Position, Trainer
-from ..storage import deadline_left, set_store_deadline, watch_store_deadline
-from ._increment import Rest
-from ._source import BytesFile, PiecesReader
-from .publish import HeadSpec, PackOptions, publish
+from ..storage import watch_store_deadline
+from ._publish_child import main
+from ._publish_wire import Peer, Unavailable, job_document, receive, send
+from .publish import HeadSpec, PackOptions
 from .store import KeepBest
 
-__all__ = ["Peer", "PublishProcess", "RemoteResult", "available", "main"]
+__all__ = ["Peer", "PublishProcess", "RemoteResult", "Unavailable", "available", "main"]
 
 #: How long the child may take to start and answer (its imports: about 0.3 s idle).
 START_TIMEOUT = 60.0
-_LEN = struct.Struct("<Q")
 #: The child's first statements, before any import: it ignores every signal that a scheduler
 #: or a user sends a trainer to stop it or to ask for a snapshot (Slurm signals every process
 #: of a job step: a SIGUSR2 or SIGTERM that killed the child would fail the very publish the
@@ -74,7 +69,7 @@ _BOOT = (
     "for number in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):\n"
     "    signal.signal(number, signal.SIG_IGN)\n"
     "import sys\n"
-    "from restorepoint.ops.publish_process import main\n"
+    "from restorepoint.ops._publish_child import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
 
@@ -82,78 +77,6 @@ _BOOT = (
 def available() -> bool:
     """Whether this platform has what the child needs (Linux's ``process_vm_readv``)."""
     return sys.platform.startswith("linux")
-
-
-# -- the wire: frames of a length and a body --------------------------------------------------
-
-
-def _send(out: IO[bytes], body: bytes) -> None:
-    out.write(_LEN.pack(len(body)) + body)
-    out.flush()
-
-
-def _receive(inp: IO[bytes]) -> bytes | None:
-    """One frame's body, or None at the end of the stream (the other side has gone)."""
-    head = inp.read(_LEN.size)
-    if len(head) < _LEN.size:
-        return None
-    (length,) = _LEN.unpack(head)
-    body = inp.read(length)
-    return body if len(body) == length else None
-
-
-# -- what the parent hands over -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Peer:
-    """A payload file's bytes in the parent's memory: ``head`` (bytes), then each region
-    (address, length) in order. The parent keeps that memory alive and unchanged until the
-    job's outcome is back."""
-
-    head: bytes
-    regions: tuple[tuple[int, int], ...]
-
-    @property
-    def size(self) -> int:
-        return len(self.head) + sum(length for _, length in self.regions)
-
-
-class _PeerSource:
-    """A payload file of ``ops.publish``'s ``memory``, read out of the parent's memory."""
-
-    def __init__(self, pid: int, peer: Peer) -> None:
-        self._pid = pid
-        self._peer = peer
-
-    @property
-    def size(self) -> int:
-        return self._peer.size
-
-    def open(self) -> BinaryIO:
-        return _PeerReader(self._pid, self._peer)  # type: ignore[return-value]
-
-
-class _PeerReader(PiecesReader):
-    """The bytes of a Peer, each read one copy out of the parent's memory into a buffer of
-    its own (uninitialised: numpy's where the child has it; a bytearray's zero fill is a pass
-    over the bytes for nothing)."""
-
-    def __init__(self, pid: int, peer: Peer) -> None:
-        super().__init__([peer.head, *peer.regions])
-        self._pid = pid
-
-    def allocate(self, size: int) -> tuple[int, memoryview]:
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            array = numpy.empty(size, numpy.uint8)
-            return int(array.ctypes.data), memoryview(array).toreadonly()
-        raw = bytearray(size)
-        address = ctypes.addressof((ctypes.c_char * size).from_buffer(raw))
-        return address, memoryview(raw).toreadonly()
-
-    def fetch(self, into: int, address: int, length: int) -> None:
-        read_memory(self._pid, address, into, length)
 
 
 # -- the parent's side --------------------------------------------------------------------------
@@ -169,11 +92,6 @@ class RemoteResult:
     reused: int | None
     choices: dict[str, Any] | None
     prune_error: RestorePointError | None
-
-
-class Unavailable(RestorePointError):
-    """The child cannot publish here (it did not start, or cannot read its parent's memory):
-    the caller publishes in its own process."""
 
 
 class PublishProcess:
@@ -263,7 +181,7 @@ class PublishProcess:
     ) -> RemoteResult:
         """One publish in the child; the RestorePointError it raised is raised here (a
         child that died midway: RestorePointError, and the next job starts a new one)."""
-        job = _job_document(source, dest, head, options, memory, keep_last, keep_best)
+        job = job_document(source, dest, head, options, memory, keep_last, keep_best)
         job.update(expect=expect, deadline=deadline)
         self.start()
         child = self._child
@@ -317,7 +235,7 @@ class PublishProcess:
             assert child.stdin is not None
             # Said, not only the input closed: a process forked from this one since (a data
             # loader's worker) holds the pipe open, and the child would never see its end.
-            _send(child.stdin, json.dumps({"kind": "end"}).encode())
+            send(child.stdin, json.dumps({"kind": "end"}).encode())
         with self._lock, contextlib.suppress(OSError):
             assert child.stdin is not None
             child.stdin.close()
@@ -342,7 +260,7 @@ class PublishProcess:
             return
         with self._lock, contextlib.suppress(OSError, ValueError):
             assert child.stdin is not None
-            _send(child.stdin, json.dumps(message).encode())
+            send(child.stdin, json.dumps(message).encode())
 
     def _call(self, message: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         """Send ``message`` and read the child's answer (JSON). One call at a time: the
@@ -354,7 +272,7 @@ class PublishProcess:
         assert child.stdout is not None
         try:
             with self._lock:
-                _send(child.stdin, json.dumps(message).encode())
+                send(child.stdin, json.dumps(message).encode())
         except (OSError, ValueError):
             raise Unavailable(self._why_gone(child)) from None
         body = _receive_within(child.stdout, timeout)
@@ -397,9 +315,9 @@ def _receive_within(stream: IO[bytes], timeout: float | None) -> bytes | None:
     """A frame from ``stream``; None at its end, or after ``timeout`` seconds (then the
     caller kills the child, which ends the read left behind)."""
     if timeout is None:
-        return _receive(stream)
+        return receive(stream)
     box: list[bytes | None] = []
-    reader = threading.Thread(target=lambda: box.append(_receive(stream)), daemon=True)
+    reader = threading.Thread(target=lambda: box.append(receive(stream)), daemon=True)
     reader.start()
     reader.join(timeout)
     return box[0] if box else None
@@ -413,238 +331,3 @@ def _error(answer: Mapping[str, Any]) -> RestorePointError:
         cls = RestorePointError
     url = answer.get("url")
     return cls(str(answer.get("message", "")), url=url if isinstance(url, str) else None)
-
-
-# -- the child's side -----------------------------------------------------------------------------
-
-
-def _outcome(result: Any) -> dict[str, Any]:
-    pack = result.pack
-    prune = result.prune_error
-    return {
-        "kind": "done",
-        "ok": True,
-        "url": result.url,
-        "size": pack.size,
-        "incremental": pack.incremental,
-        "reused": pack.reused,
-        "choices": pack.choices.to_dict() if pack.choices is not None else None,
-        "prune_error": _failure(prune) if prune is not None else None,
-    }
-
-
-def _failure(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, RestorePointError):
-        return {
-            "kind": "done",
-            "ok": False,
-            "class": type(exc).__name__,
-            "message": exc.message,
-            "url": exc.url,
-        }
-    return {"kind": "done", "ok": False, "class": None, "message": f"{type(exc).__name__}: {exc}"}
-
-
-def _set_nice(value: int) -> None:
-    """Every thread of this process at ``value`` (on Linux a nice value is per thread)."""
-    for task in os.listdir("/proc/self/task"):
-        if task.isdigit():
-            set_thread_nice(int(task), value)
-
-
-def _job_document(  # noqa: PLR0913, PLR0917 - ops.publish's arguments, carried whole
-    source: str,
-    dest: str,
-    head: HeadSpec,
-    options: PackOptions,
-    memory: Mapping[str, Peer | bytes],
-    keep_last: int | None,
-    keep_best: KeepBest | None,
-) -> dict[str, Any]:
-    """A publish as JSON for the child; Unavailable where JSON cannot carry it (the caller
-    then publishes on its own thread)."""
-    if head.parts is not None or head.part is not None or options.encrypt_to:
-        raise Unavailable("a multi-part or encrypted publish is made in the training process")
-    trainer = head.trainer
-    doc = {
-        "kind": "job",
-        "source": source,
-        "dest": dest,
-        "head": {
-            "position": head.manifest.position.to_dict(),
-            "trainer": [trainer.name, trainer.version] if isinstance(trainer, Trainer) else trainer,
-            "terms": dict(head.terms),
-            "config": head.config,
-            "operational_keys": list(head.operational_keys),
-            "cache_keys": dict(head.cache_keys),
-            "cache_root": head.cache_root,
-            "run": head.run,
-            "created": head.created,
-            "rp_id": head.rp_id,
-            "metrics": dict(head.metrics),
-        },
-        "options": {
-            **{name: getattr(options, name) for name in _OPTION_FIELDS},
-            "sign": [key.private_bytes_raw().hex() for key in options.sign],
-        },
-        "memory": {
-            name: {"head": item.head.hex(), "regions": [list(r) for r in item.regions]}
-            if isinstance(item, Peer)
-            else {"bytes": bytes(item).hex()}
-            for name, item in memory.items()
-        },
-        "keep_last": keep_last,
-        "keep_best": None
-        if keep_best is None
-        else {"k": keep_best.k, "metric": keep_best.metric, "mode": keep_best.mode},
-    }
-    try:
-        # Only what JSON carries as it is: a storage option that is an object is refused.
-        json.dumps(doc, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise Unavailable(f"the publish's options are not JSON ({exc})") from None
-    return doc
-
-
-#: PackOptions' fields carried to the child as they are (the keys travel apart).
-_OPTION_FIELDS = (
-    "level",
-    "codec",
-    "object_sha256",
-    "chunk_size",
-    "threads",
-    "storage_options",
-    "adaptive",
-    "deadline_margin",
-    "incremental",
-)
-
-
-def _job_from(doc: Mapping[str, Any]) -> tuple[HeadSpec, PackOptions, KeepBest | None]:
-    """The child's side of ``_job_document``: the head, options and retention, validated
-    again as they are made."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    head = dict(doc["head"])
-    position = Position(**head.pop("position"))
-    trainer = head.pop("trainer")
-    spec = HeadSpec(
-        position=position,
-        trainer=tuple(trainer) if trainer is not None else None,
-        operational_keys=tuple(head.pop("operational_keys")),
-        **head,
-    )
-    fields = dict(doc["options"])
-    keys = tuple(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(k)) for k in fields.pop("sign"))
-    options = PackOptions(**fields, sign=keys)
-    best = doc["keep_best"]
-    return spec, options, KeepBest(**best) if best is not None else None
-
-
-def _job(parent: int, job: dict[str, Any], rest: Rest) -> dict[str, Any]:
-    head, options, keep_best = _job_from(job)
-    memory: dict[str, _PeerSource | BytesFile] = {}
-    for name, item in job["memory"].items():
-        if "regions" in item:
-            regions = tuple((int(a), int(n)) for a, n in item["regions"])
-            memory[name] = _PeerSource(parent, Peer(bytes.fromhex(item["head"]), regions))
-        else:
-            memory[name] = BytesFile(bytes.fromhex(item["bytes"]))
-    rest.expect(job["expect"])
-    set_store_deadline(job["deadline"])
-    result = publish(
-        job["source"],
-        job["dest"],
-        head,
-        options,
-        keep_last=job["keep_last"],
-        keep_best=keep_best,
-        memory=memory,
-        rest=rest,
-    )
-    return _outcome(result)
-
-
-class _Child:
-    """The child's two threads: one hears the parent (a deadline or a priority at once, a
-    job queued), the other publishes the jobs one at a time and answers each."""
-
-    def __init__(self, parent: int, inp: IO[bytes], out: IO[bytes]) -> None:
-        self.parent = parent
-        self._inp = inp
-        self._out = out
-        self._out_lock = threading.Lock()
-        self._jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
-
-    def answer(self, doc: Mapping[str, Any]) -> None:
-        with self._out_lock:
-            _send(self._out, json.dumps(doc).encode())
-
-    def hello(self, message: dict[str, Any]) -> None:
-        """Read the parent's probe bytes back: whether this child can read its memory."""
-        address, text = message["probe"]
-        probe = bytes.fromhex(text)
-        seen = bytearray(len(probe))
-        try:
-            into = ctypes.addressof((ctypes.c_char * len(seen)).from_buffer(seen))
-            read_memory(self.parent, address, into, len(seen))
-        except OSError as exc:
-            self.answer({"kind": "ready", "ok": False, "error": exc.strerror or str(exc)})
-            return
-        ok = bytes(seen) == probe
-        self.answer({"kind": "ready", "ok": ok, "error": "" if ok else "the bytes read differ"})
-
-    def listen(self) -> None:
-        try:
-            self._hear()
-        finally:
-            # However the input ends (the parent gone, or a bug here), the child ends after
-            # the job in hand: a parent waiting for an answer then reads the end.
-            self._jobs.put(None)
-
-    def _hear(self) -> None:
-        while (body := _receive(self._inp)) is not None:
-            message = json.loads(body)
-            kind = message["kind"]
-            if kind == "end":
-                # The parent's close: its input may never end (a forked data loader worker
-                # holds a copy of the pipe's write end), so it says so.
-                return
-            if kind == "deadline":
-                set_store_deadline(message["at"])
-            elif kind == "nice":
-                _set_nice(message["value"])
-            elif kind == "hello":
-                self.hello(message)
-            elif kind == "ping":
-                left = deadline_left()
-                self.answer({"kind": "pong", "deadline_left": left, "nice": os.nice(0)})
-            else:
-                self._jobs.put(message)
-
-    def run(self) -> None:
-        threading.Thread(target=self.listen, name="rp-listen", daemon=True).start()
-        rest = Rest()
-        while (job := self._jobs.get()) is not None:
-            try:
-                outcome = _job(self.parent, job, rest)
-            except Exception as exc:  # every failure goes back to the parent, as data
-                outcome = _failure(exc)
-            self.answer(outcome)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The child (``_BOOT``): ``main([PARENT_PID])``."""
-    args = sys.argv[1:] if argv is None else argv
-    parent = int(args[0])
-    if not die_with_parent(parent):
-        return 0
-    logging.basicConfig(level=logging.WARNING, format="restorepoint (publish process): %(message)s")
-    with contextlib.suppress(ImportError):
-        # The planes split's strided copies release the GIL with numpy (format/codecs.py).
-        import numpy  # noqa: F401
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
-    # Nothing else may write to the frames' stream.
-    sys.stdout = sys.stderr
-    _Child(parent, inp, out).run()
-    return 0

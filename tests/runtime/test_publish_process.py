@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch", reason="restorepoint.torch needs torch")
 
 import restorepoint  # noqa: E402
 from restorepoint.errors import UsageError  # noqa: E402
-from restorepoint.ops import publish_process  # noqa: E402
+from restorepoint.ops import _publish_child, _publish_wire, publish_process  # noqa: E402
 from restorepoint.storage import set_store_deadline  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 
@@ -573,7 +573,7 @@ def test_the_childs_reader_seeks_and_reads_what_the_pieces_hold() -> None:
     memory = bytearray(os.urandom(3000))
     address = ctypes.addressof((ctypes.c_char * len(memory)).from_buffer(memory))
     peer = publish_process.Peer(b"head", ((address, 1000), (address + 2000, 1000)))
-    reader = publish_process._PeerSource(os.getpid(), peer).open()
+    reader = _publish_child._PeerSource(os.getpid(), peer).open()
     whole = b"head" + bytes(memory[:1000]) + bytes(memory[2000:])
     assert peer.size == len(whole) == 2004
     assert reader.seekable()
@@ -604,9 +604,9 @@ def test_a_job_goes_to_the_child_as_json_and_comes_back_whole(tmp_path: Path) ->
     )  # fmt: skip
     best = KeepBest(2, "val_loss", "min")
     memory = {"a": publish_process.Peer(b"h", ((4096, 10),)), "b": b"pos"}
-    doc = publish_process._job_document("src", "dest/", head, options, memory, 3, best)
+    doc = _publish_wire.job_document("src", "dest/", head, options, memory, 3, best)
     text = json.dumps(doc)
-    again, options2, best2 = publish_process._job_from(json.loads(text))
+    again, options2, best2 = _publish_wire.job_from(json.loads(text))
     assert again.manifest.to_dict() | {"id": None, "created": None} == head.manifest.to_dict() | {
         "id": None,
         "created": None,
@@ -619,7 +619,7 @@ def test_a_job_goes_to_the_child_as_json_and_comes_back_whole(tmp_path: Path) ->
     assert options2.storage_options == {"anon": True}
     assert best2 == best
     with pytest.raises(publish_process.Unavailable, match="not JSON"):
-        publish_process._job_document(
+        _publish_wire.job_document(
             "src", "dest/", head, PackOptions(storage_options={"session": object()}), {}, None, None
         )
 

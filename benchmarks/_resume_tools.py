@@ -203,6 +203,24 @@ class Store:
         if self.kind == "local":
             Path(self.root).mkdir(parents=True, exist_ok=True)
 
+    def evict(self) -> None:
+        """What an empty machine has: none of the store's files in the page cache. Each local
+        file is made durable, then its pages are dropped (``posix_fadvise(DONTNEED)``), so that
+        every tool's resume reads the local store from the disk, as a fresh machine reads its
+        network file system, whether the tool's save wrote past the cache or into it. Moto
+        keeps its objects in its own memory: nothing to drop there."""
+        if self.kind != "local":
+            return
+        for path in Path(self.root).rglob("*"):
+            if not path.is_file():
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
     def close(self) -> None:
         if self.proc is not None:
             self.proc.terminate()

@@ -22,7 +22,8 @@ store, every tool in a seeded shuffled order (ours, a peer, ..., then the next r
   the peers do neither.
 - **resume**: in a fresh process, as on the empty machine a preempted job restarts on: it
   builds the model and its optimizer (no state yet) and imports the tool's library (neither
-  is timed), then from nothing in the run directory to the end of the first compute step
+  is timed), with none of a local store's files in the page cache (``Store.evict``), then
+  from nothing in the run directory to the end of the first compute step
   (ours: ResumableRun + resume() from the store, the step taken in the run while the import's
   copy lands in the run directory; the peers: the download, torch.load / dcp.load and
   load_state_dict). The resumed model is checked against the saved one's digest.
@@ -295,6 +296,7 @@ def measure_size(
                         try:
                             if parking is not None:
                                 parking.park()
+                            store.evict()
                             resume_elsewhere(cycle, tool, tag, size, digest)
                         finally:
                             if parking is not None:

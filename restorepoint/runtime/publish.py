@@ -98,11 +98,13 @@ def rank_file(rank: int, world: int) -> str:
 
 
 #: The nice value of the thread that writes ``last.pt`` beside a periodic publish: the
-#: lowest. Its work is a copy into the page cache, which at the background's nice (+10) took
-#: the training thread's core for about 5% of its time beside a 1 GiB publish (the kernel
-#: places it wherever a core is less busy, the training thread's included) and at +19 about
-#: 1 to 2% (docs/performance.md, "The publish in a process of its own"). A stop gives it the
-#: training priority back (``Publisher.unthrottle``), as it does the publish.
+#: lowest. Its work is a copy (through an aligned buffer, past the page cache where the file
+#: system allows it: ``save_image``). Into the page cache, as it was written before, at the
+#: background's nice (+10) it took the training thread's core for about 5% of its time
+#: beside a 1 GiB publish (the kernel places it wherever a core is less busy, the training
+#: thread's included) and at +19 about 1 to 2% (docs/performance.md, "The publish in a
+#: process of its own"). A stop gives it the training priority back
+#: (``Publisher.unthrottle``), as it does the publish.
 SAVE_NICE = 19
 
 

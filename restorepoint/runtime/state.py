@@ -16,6 +16,7 @@ after the rank file that named it was replaced, so a kill leaves a pair that bel
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import os
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 
+from .._direct import write_direct
 from .._posix import fsync_dir
 from ..errors import IncompatibleRestorePoint, StorageError
 from .capture import Buffers, Copies, storable
@@ -161,13 +163,21 @@ def save_image(image: SnapshotImage, target: Path, scratch: Path) -> None:
     temporary file in ``scratch`` (on the same file system, outside the checkpoints a pack may
     be reading), fsync, rename over ``target``, fsync of its directory, so that a kill at any
     moment leaves the previous file or the new one, never a torn one, and a failure leaves no
-    litter. StorageError on a full disk."""
+    litter. StorageError on a full disk.
+
+    Written past the page cache where the file system allows it (``write_direct``): on a VM
+    whose freed memory goes back to its host, the page cache's fresh pages and the writeback
+    after them took the training thread's core beside a periodic publish (bench_resume.py at
+    1 GiB: 5.0% of its steps against 2.6% direct, 2.0% with no file written at all)."""
     tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
+    head = (ctypes.c_ubyte * len(image.head)).from_buffer_copy(image.head)
+    pieces = [(ctypes.addressof(head), len(image.head)), *image.regions]
     try:
-        with open(tmp, "wb") as f:
-            image.write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        if not write_direct(tmp, pieces, image.size):
+            with open(tmp, "wb") as f:
+                image.write(f)
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException as exc:
         # No litter, and the previous file untouched (docs/reliability.md, "Full disks").

@@ -8,6 +8,7 @@ import stat
 from collections.abc import Iterator
 from typing import BinaryIO, ClassVar
 
+from .._direct import DIRECT_MIN, DirectWriter
 from .._posix import fsync_dir
 from ..errors import StorageError
 from ._base import (
@@ -69,18 +70,29 @@ class _LocalReader:
 
 
 class _LocalPublisher:
-    def __init__(self, url: str, path: str, create_only: bool) -> None:
+    """A new object: written to a temporary name beside it, fsynced, then renamed (or linked,
+    create-only) into place. A restore point (``size_hint`` at least DIRECT_MIN) is written
+    past the page cache (``DirectWriter``): nothing reads it back soon, and its cached pages
+    would cost fresh memory and writeback while training runs."""
+
+    def __init__(self, url: str, path: str, create_only: bool, size_hint: int = 0) -> None:
         self.url = url
         self.path = path
         self.create_only = create_only
         self.directory = os.path.dirname(path) or "."
+        self.writer: DirectWriter | None = None
         with translating(url):
             os.makedirs(self.directory, exist_ok=True)
             self.temp = os.path.join(self.directory, partial_name(os.path.basename(path)))
             self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            if size_hint >= DIRECT_MIN:
+                self.writer = DirectWriter(self.fd, size_hint)
 
     def write(self, data: bytes | memoryview) -> None:
         with translating(self.url):
+            if self.writer is not None:
+                self.writer.write(data)
+                return
             view = memoryview(data)
             while view:
                 n = os.write(self.fd, view)
@@ -88,6 +100,8 @@ class _LocalPublisher:
 
     def commit(self) -> None:
         with translating(self.url):
+            if self.writer is not None:
+                self.writer.finish()
             os.fsync(self.fd)
             os.close(self.fd)
             self.fd = -1
@@ -100,6 +114,8 @@ class _LocalPublisher:
             fsync_dir(self.directory)
 
     def discard(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
         if self.fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
@@ -175,4 +191,4 @@ class LocalLocation(Location):
                 return
 
     def publisher(self, *, size_hint: int = 0, create_only: bool = False) -> Publisher:
-        return _LocalPublisher(self.url, self.path, create_only)
+        return _LocalPublisher(self.url, self.path, create_only, size_hint)

@@ -9,9 +9,20 @@ import ctypes
 import errno
 import mmap
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["DIRECT_ALIGN", "DIRECT_BUFFER", "DIRECT_MIN", "DirectWriter", "write_direct"]
+from ._posix import fsync_dir
+from .errors import StorageError
+
+__all__ = [
+    "DIRECT_ALIGN",
+    "DIRECT_BUFFER",
+    "DIRECT_MIN",
+    "DirectWriter",
+    "no_space",
+    "replace_file",
+]
 
 
 #: What O_DIRECT needs aligned (the buffer's address, each write's length and offset): the
@@ -28,7 +39,8 @@ class DirectWriter:
     (O_DIRECT) where the file system allows it: the bytes are copied into an aligned buffer
     of DIRECT_BUFFER bytes, which is written whole each time it fills; ``finish`` writes the
     rest, less than a buffer, in whole blocks, and the last partial block through the cache
-    (O_DIRECT off again). Where direct I/O is refused, every byte goes through the cache.
+    (O_DIRECT off again). Where direct I/O is refused, every byte goes through the cache
+    (from where it lies, but for ``write_copied``'s, which always pass through the buffer).
 
     Why: a write through the page cache takes a fresh page of memory for each page it caches,
     and the kernel's writeback comes after it. On the 2-core VM of docs/performance.md, whose
@@ -45,21 +57,20 @@ class DirectWriter:
     def __init__(self, fd: int, size_hint: int | None = None) -> None:
         self.fd = fd
         self.direct = _direct_on(fd, True)
-        self._buffer: mmap.mmap | None = None
+        size = DIRECT_BUFFER
+        if size_hint is not None:
+            size = max(DIRECT_ALIGN, min(size, -(-size_hint // DIRECT_ALIGN) * DIRECT_ALIGN))
+        # An anonymous mapping starts at a page: aligned as O_DIRECT needs.
+        self._buffer: mmap.mmap | None = mmap.mmap(-1, size)
+        self._view = memoryview(self._buffer)
+        self._probe = ctypes.c_char.from_buffer(self._buffer)
+        self._base = ctypes.addressof(self._probe)
         self._fill = 0
-        if self.direct:
-            size = DIRECT_BUFFER
-            if size_hint is not None:
-                size = max(DIRECT_ALIGN, min(size, -(-size_hint // DIRECT_ALIGN) * DIRECT_ALIGN))
-            # An anonymous mapping starts at a page: aligned as O_DIRECT needs.
-            self._buffer = mmap.mmap(-1, size)
-            self._view = memoryview(self._buffer)
-            self._probe = ctypes.c_char.from_buffer(self._buffer)
-            self._base = ctypes.addressof(self._probe)
 
     def write_memory(self, address: int, length: int) -> None:
-        """``length`` bytes of this process's memory at ``address`` (copied without the GIL)."""
-        if self._buffer is None:
+        """``length`` bytes of this process's memory at ``address`` (copied without the GIL;
+        through the cache, written from where they lie)."""
+        if not self.direct and not self._fill:
             _write_all(self.fd, memoryview((ctypes.c_ubyte * length).from_address(address)))
             return
         self._fill_with(
@@ -69,7 +80,7 @@ class DirectWriter:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """The bytes of ``data``."""
         view = memoryview(data).cast("B")
-        if self._buffer is None:
+        if not self.direct and not self._fill:
             _write_all(self.fd, view)
             return
 
@@ -77,6 +88,12 @@ class DirectWriter:
             self._view[at : at + n] = view[done : done + n]
 
         self._fill_with(view.nbytes, copy)
+
+    def write_copied(self, length: int, copy: Callable[[int, int, int], object]) -> None:
+        """``length`` bytes that ``copy(into, done, n)`` puts into this process's memory at
+        the address ``into``, ``n`` bytes from the ``done``-th on (the publish process reads
+        its parent's memory so, straight into the buffer)."""
+        self._fill_with(length, lambda at, done, n: copy(self._base + at, done, n))
 
     def _fill_with(self, length: int, copy: Callable[[int, int, int], object]) -> None:
         """Copy ``length`` bytes into the buffer, piece by piece (``copy(at, done, n)``: n
@@ -91,11 +108,11 @@ class DirectWriter:
                 self._flush(self._fill)
 
     def finish(self) -> None:
-        """Write what the buffer holds (nothing is written past the bytes given) and end:
-        the caller fsyncs and closes the file."""
+        """Write what the buffer holds (nothing is written past the bytes given) and give
+        the buffer back: the caller fsyncs and closes the file."""
         if self._buffer is None:
             return
-        whole = self._fill // DIRECT_ALIGN * DIRECT_ALIGN
+        whole = self._fill // DIRECT_ALIGN * DIRECT_ALIGN if self.direct else 0
         if whole:
             self._flush(whole)
         if self._fill:
@@ -153,31 +170,48 @@ def _direct_on(fd: int, on: bool) -> bool:
     return on
 
 
-def write_direct(
-    path: str | os.PathLike[str], pieces: Sequence[tuple[int, int]], size: int
-) -> bool:
-    """Write the memory ``pieces`` (address, length) one after the other as the file ``path``
-    (created, or truncated), ``size`` bytes in all, and fsync it, past the page cache
-    (``DirectWriter``). False where direct I/O is refused (the file is then left empty, or
-    not made where the platform has no O_DIRECT): the caller writes it through the cache.
-    OSError for any other failure (ENOSPC included)."""
-    if not getattr(os, "O_DIRECT", 0):
-        return False
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+def replace_file(
+    target: Path, scratch: Path, size: int, fill: Callable[[DirectWriter], None]
+) -> None:
+    """The one way a snapshot file reaches the run directory, from the training process
+    (``runtime.state.save_image``) or from the publish process (``ops._publish_child``):
+    ``fill`` writes the file's ``size`` bytes into a ``DirectWriter`` on a temporary file in
+    ``scratch`` (on the same file system, outside the checkpoints a pack may be reading),
+    then fsync, rename over ``target``, fsync of its directory. A kill at any moment leaves
+    the previous file or the new one, never a torn one; a failure leaves no litter; a full
+    disk is StorageError naming ``target`` (docs/reliability.md, "Full disks")."""
+    tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
     try:
-        writer = DirectWriter(fd, size)
-        if not writer.direct:
-            return False
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            for address, length in pieces:
-                writer.write_memory(address, length)
-            writer.finish()
+            writer = DirectWriter(fd, size)
+            try:
+                fill(writer)
+                writer.finish()
+            finally:
+                writer.close()
+            os.fsync(fd)
         finally:
-            writer.close()
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if no_space(exc):
+            raise StorageError("no space left on the device", url=str(target)) from exc
+        raise
+    fsync_dir(target.parent)
+
+
+def no_space(exc: BaseException | None) -> bool:
+    """Whether ENOSPC (or EDQUOT) caused ``exc``: torch.save reports it as a RuntimeError
+    whose context is the OSError."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _write_all(fd: int, view: memoryview) -> None:

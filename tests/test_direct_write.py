@@ -1,7 +1,8 @@
-"""The write past the page cache (``_posix.write_direct``) that a snapshot file reaches the run
-directory by: the bytes are the pieces in order whatever their sizes and however they fall on
-the aligned buffer, the file is its exact size, its pages are not left in the page cache, and
-where direct I/O is refused the caller's write through the cache gives the same file."""
+"""The writes past the page cache (``_direct``): ``replace_file``, by which a snapshot file
+reaches the run directory, and ``DirectWriter``, by which a restore point reaches a local store.
+The bytes are the pieces in order whatever their sizes and however they fall on the aligned
+buffer, the file is its exact size, its pages are not left in the page cache, and where direct
+I/O is refused the write through the cache gives the same file."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from restorepoint import _direct
-from restorepoint._direct import DIRECT_ALIGN, DirectWriter, write_direct
+from restorepoint._direct import DIRECT_ALIGN, DirectWriter, replace_file
 
 
 def pieces_of(
@@ -48,6 +49,19 @@ def file_system(path: Path) -> str:
     ).stdout.strip()
 
 
+def replace_with(target: Path, pieces: list[tuple[int, int]], size: int) -> bool:
+    """``replace_file`` of the memory ``pieces``; whether it went past the cache."""
+    direct: list[bool] = []
+
+    def fill(writer: DirectWriter) -> None:
+        direct.append(writer.direct)
+        for address, length in pieces:
+            writer.write_memory(address, length)
+
+    replace_file(target, target.parent, size, fill)
+    return direct[0]
+
+
 @pytest.mark.parametrize(
     "sizes",
     [
@@ -56,6 +70,7 @@ def file_system(path: Path) -> str:
         [8, 4095, 1, 4097, 30000, 3],  # pieces across blocks and buffers, ending unaligned
         [DIRECT_ALIGN * 3, DIRECT_ALIGN * 3],  # each filling the buffer exactly
         [5, 0, 70000],  # an empty piece between
+        [],  # an empty file
     ],
 )
 def test_the_file_is_the_pieces_in_order(
@@ -67,17 +82,11 @@ def test_the_file_is_the_pieces_in_order(
     chunks = [rng.randbytes(n) for n in sizes]
     pieces, _held = pieces_of(chunks)
     target = tmp_path / "file"
-    target.write_bytes(b"x" * 200_000)  # an older, longer file: truncated
-    if not write_direct(target, pieces, sum(sizes)):
+    target.write_bytes(b"x" * 200_000)  # an older, longer file: replaced
+    if not replace_with(target, pieces, sum(sizes)) and sizes:
         pytest.skip(f"this file system ({file_system(tmp_path)}) refuses O_DIRECT")
     assert target.read_bytes() == b"".join(chunks)
-
-
-def test_an_empty_file(tmp_path: Path) -> None:
-    target = tmp_path / "empty"
-    if not write_direct(target, [], 0):
-        pytest.skip(f"this file system ({file_system(tmp_path)}) refuses O_DIRECT")
-    assert target.read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no temporary file left
 
 
 def test_the_written_pages_are_not_left_in_the_page_cache(tmp_path: Path) -> None:
@@ -89,7 +98,7 @@ def test_the_written_pages_are_not_left_in_the_page_cache(tmp_path: Path) -> Non
     data = random.Random(1).randbytes(4 << 20)
     pieces, _held = pieces_of([data[:12345], data[12345:]])
     direct = tmp_path / "direct"
-    if not write_direct(direct, pieces, len(data)):
+    if not replace_with(direct, pieces, len(data)):
         pytest.skip(f"this file system ({kind}) refuses O_DIRECT")
     cached = tmp_path / "cached"
     with open(cached, "wb") as f:
@@ -97,19 +106,37 @@ def test_the_written_pages_are_not_left_in_the_page_cache(tmp_path: Path) -> Non
         f.flush()
         os.fsync(f.fileno())
     assert cached_pages(cached) > 0
-    # The last page was written padded and cut back: it may be read back into the cache.
+    # The last partial block goes through the cache.
     assert cached_pages(direct) <= 1
     assert direct.read_bytes() == data
 
 
-def test_without_direct_io_it_says_so_and_writes_nothing(
+def test_without_direct_io_the_same_file_through_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A platform without O_DIRECT (macOS): False, no file; the caller writes it cached."""
+    """A platform without O_DIRECT (macOS): every byte through the cache, the same file."""
     monkeypatch.delattr(os, "O_DIRECT", raising=False)
-    pieces, _held = pieces_of([b"abc"])
-    assert write_direct(tmp_path / "f", pieces, 3) is False
-    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(_direct, "DIRECT_BUFFER", DIRECT_ALIGN * 2)
+    data = random.Random(2).randbytes(50_000)
+    pieces, _held = pieces_of([data[:7], data[7:20_000], data[20_000:]])
+    target = tmp_path / "f"
+    assert replace_with(target, pieces, len(data)) is False
+    assert target.read_bytes() == data
+
+    # write_copied's bytes always pass through the buffer: in order with the rest.
+    whole = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+    copied = tmp_path / "copied"
+
+    def fill(writer: DirectWriter) -> None:
+        writer.write(data[:100])
+        writer.write_copied(
+            len(data) - 200,
+            lambda into, done, n: ctypes.memmove(into, ctypes.addressof(whole) + 100 + done, n),
+        )
+        writer.write(data[-100:])
+
+    replace_file(copied, tmp_path, len(data), fill)
+    assert copied.read_bytes() == data
 
 
 def test_a_snapshot_file_is_the_same_written_direct_or_through_the_cache(

@@ -15,8 +15,10 @@ import queue
 import sys
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import IO, Any, BinaryIO
 
+from .._direct import DirectWriter, replace_file
 from .._posix import die_with_parent, read_memory, set_thread_nice
 from ..errors import RestorePointError
 from ..storage import deadline_left, set_store_deadline
@@ -33,14 +35,14 @@ class _PeerSource:
 
     def __init__(self, pid: int, peer: Peer) -> None:
         self._pid = pid
-        self._peer = peer
+        self.peer = peer
 
     @property
     def size(self) -> int:
-        return self._peer.size
+        return self.peer.size
 
     def open(self) -> BinaryIO:
-        return _PeerReader(self._pid, self._peer)  # type: ignore[return-value]
+        return _PeerReader(self._pid, self.peer)  # type: ignore[return-value]
 
 
 class _PeerReader(PiecesReader):
@@ -99,7 +101,11 @@ def _set_nice(value: int) -> None:
             set_thread_nice(int(task), value)
 
 
-def _job(parent: int, job: dict[str, Any], rest: Rest) -> dict[str, Any]:
+def _job(
+    parent: int, job: dict[str, Any], rest: Rest, saver: _Saver
+) -> tuple[dict[str, Any], _Saving | None]:
+    """One job: the publish, and beside it the snapshot file where the job asks for it. The
+    publish's answer, and the save in flight (None where the job asks for none)."""
     head, options, keep_best = job_from(job)
     memory: dict[str, _PeerSource | BytesFile] = {}
     for name, item in job["memory"].items():
@@ -108,19 +114,88 @@ def _job(parent: int, job: dict[str, Any], rest: Rest) -> dict[str, Any]:
             memory[name] = _PeerSource(parent, Peer(bytes.fromhex(item["head"]), regions))
         else:
             memory[name] = BytesFile(bytes.fromhex(item["bytes"]))
+    save = job.get("save")
+    saving = None
+    if save is not None:
+        source = memory.get(save["name"])
+        if not isinstance(source, _PeerSource):
+            raise ValueError(
+                f"the snapshot file to save is not in the job's memory: {save['name']}"
+            )
+        saving = saver.start(source, save)
     rest.expect(job["expect"])
     set_store_deadline(job["deadline"])
-    result = publish(
-        job["source"],
-        job["dest"],
-        head,
-        options,
-        keep_last=job["keep_last"],
-        keep_best=keep_best,
-        memory=memory,
-        rest=rest,
-    )
-    return _outcome(result)
+    try:
+        outcome = _outcome(
+            publish(
+                job["source"],
+                job["dest"],
+                head,
+                options,
+                keep_last=job["keep_last"],
+                keep_best=keep_best,
+                memory=memory,
+                rest=rest,
+            )
+        )
+    except Exception as exc:  # the publish's failure, answered as data
+        outcome = _failure(exc)
+    return outcome, saving
+
+
+class _Saving:
+    """A snapshot file being written on a thread of its own; ``result`` waits for it."""
+
+    def __init__(self, run: Any) -> None:
+        self._box: list[dict[str, Any]] = []
+        self._thread = threading.Thread(target=lambda: self._box.append(run()), name="rp-save")
+        self._thread.start()
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join()
+        return self._box[0]
+
+
+class _Saver:
+    """Writes the snapshot files the jobs ask for, from the parent's memory, each beside its
+    publish; at the priority the job names until a ``nice`` message raises every thread of
+    the child (a stop), after which no save lowers itself again."""
+
+    def __init__(self, parent: int) -> None:
+        self.parent = parent
+        self._lock = threading.Lock()
+        self._raised = False
+
+    def raise_all(self, value: int) -> None:
+        """A ``nice`` message: every thread of the child at ``value``, the save's included."""
+        with self._lock:
+            self._raised = True
+            _set_nice(value)
+
+    def start(self, source: _PeerSource, save: Mapping[str, Any]) -> _Saving:
+        peer, pid = source.peer, self.parent
+        target, scratch, nice = Path(save["target"]), Path(save["scratch"]), save["nice"]
+
+        def fill(writer: DirectWriter) -> None:
+            writer.write(peer.head)
+            for address, length in peer.regions:
+
+                def copy(into: int, done: int, n: int, at: int = address) -> None:
+                    read_memory(pid, at + done, into, n)
+
+                writer.write_copied(length, copy)
+
+        def run() -> dict[str, Any]:
+            with self._lock:
+                if nice is not None and not self._raised:
+                    set_thread_nice(threading.get_native_id(), int(nice))
+            try:
+                replace_file(target, scratch, peer.size, fill)
+            except Exception as exc:  # answered as data, as a publish's failure is
+                return _failure(exc)
+            return {"ok": True}
+
+        return _Saving(run)
 
 
 class _Child:
@@ -133,6 +208,7 @@ class _Child:
         self._out = out
         self._out_lock = threading.Lock()
         self._jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.saver = _Saver(parent)
 
     def answer(self, doc: Mapping[str, Any]) -> None:
         with self._out_lock:
@@ -171,7 +247,7 @@ class _Child:
             if kind == "deadline":
                 set_store_deadline(message["at"])
             elif kind == "nice":
-                _set_nice(message["value"])
+                self.saver.raise_all(message["value"])
             elif kind == "hello":
                 self.hello(message)
             elif kind == "ping":
@@ -184,11 +260,16 @@ class _Child:
         threading.Thread(target=self.listen, name="rp-listen", daemon=True).start()
         rest = Rest()
         while (job := self._jobs.get()) is not None:
+            saving = None
             try:
-                outcome = _job(self.parent, job, rest)
+                outcome, saving = _job(self.parent, job, rest, self.saver)
             except Exception as exc:  # every failure goes back to the parent, as data
                 outcome = _failure(exc)
+            # The publish's answer first, the snapshot file's once it is written.
+            outcome["saving"] = saving is not None
             self.answer(outcome)
+            if saving is not None:
+                self.answer({**saving.result(), "kind": "saved"})
 
 
 def main(argv: list[str] | None = None) -> int:

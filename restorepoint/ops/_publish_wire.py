@@ -16,7 +16,16 @@ from ..format import Position, Trainer
 from .publish import HeadSpec, PackOptions
 from .store import KeepBest
 
-__all__ = ["OPTION_FIELDS", "Peer", "Unavailable", "job_document", "job_from", "receive", "send"]
+__all__ = [
+    "OPTION_FIELDS",
+    "Peer",
+    "SaveJob",
+    "Unavailable",
+    "job_document",
+    "job_from",
+    "receive",
+    "send",
+]
 
 _LEN = struct.Struct("<Q")
 
@@ -59,6 +68,33 @@ class Peer:
     @property
     def size(self) -> int:
         return len(self.head) + sum(length for _, length in self.regions)
+
+
+@dataclass
+class SaveJob:
+    """Beside a publish, the snapshot file the child also writes from the parent's memory:
+    the payload file ``name`` of the job's memory (a Peer) to ``target``, through a temporary
+    file in ``scratch`` (``_direct.replace_file``), on a thread of the child's at ``nice``
+    (None: the child's own). ``pending``: the child is writing it, its answer to come after
+    the publish's; ``done`` and ``error`` are that answer: ``done`` False when it gave none
+    (a publish made in the parent after all, or a child that died), and the caller writes
+    the file itself."""
+
+    name: str
+    target: str
+    scratch: str
+    nice: int | None = None
+    pending: bool = False
+    done: bool = False
+    error: RestorePointError | None = None
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "target": self.target,
+            "scratch": self.scratch,
+            "nice": self.nice,
+        }
 
 
 def job_document(  # noqa: PLR0913, PLR0917 - ops.publish's arguments, carried whole

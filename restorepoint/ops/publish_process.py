@@ -7,6 +7,11 @@ publish cost a training thread (its core wait and blocked time) fell from 5.1% o
 2.6% on the local disk, and from 20.8% to 5.2% to S3 (docs/performance.md, "The publish in
 a process of its own").
 
+The child also writes the run directory's snapshot file where the job asks for it
+(``SaveJob``: ``last.pt``, from the same memory, on a thread of its own, through
+``_direct.replace_file``), so that no thread of the training process holds its GIL for it;
+the job's answer says how that went, apart from the publish's.
+
 The parent (``PublishProcess``) starts the child once and hands it one job at a time over a
 pipe. Both ways the messages are JSON, data only (``_publish_wire``): no
 unpickler on either side. A publish whose values JSON cannot carry (storage options holding
@@ -20,8 +25,9 @@ objects, encryption keys) is published on the parent's thread instead. The child
   takes the process's back with a stop (``unthrottle``), where the system lets it;
 - follows the store deadline the parent sets (``set_store_deadline``) while a job runs: a
   stop or a reclaim notice reaches a publish in flight;
-- ignores the stop and snapshot signals, in a session of its own (``_BOOT``): a scheduler
-  signals every process of a job step, and the trainer's stop publishes through the child;
+- ignores the stop and snapshot signals, in a process group of its own in the trainer's
+  session (``_BOOT``): a scheduler signals every process of a job step, and the trainer's
+  stop publishes through the child;
 - where it cannot read its parent's memory (a kernel or a seccomp filter that refuses
   ``process_vm_readv``), says so at its start, and the parent publishes on its own thread.
 
@@ -49,29 +55,45 @@ from .._posix import allow_reader
 from ..errors import RestorePointError
 from ..storage import watch_store_deadline
 from ._publish_child import main
-from ._publish_wire import Peer, Unavailable, job_document, receive, send
+from ._publish_wire import Peer, SaveJob, Unavailable, job_document, receive, send
 from .publish import HeadSpec, PackOptions
 from .store import KeepBest
 
-__all__ = ["Peer", "PublishProcess", "RemoteResult", "Unavailable", "available", "main"]
+__all__ = [
+    "Peer",
+    "PublishProcess",
+    "RemoteResult",
+    "SaveJob",
+    "Unavailable",
+    "available",
+    "main",
+]
 
 #: How long the child may take to start and answer (its imports: about 0.3 s idle).
 START_TIMEOUT = 60.0
 #: The child's first statements, before any import: it ignores every signal that a scheduler
 #: or a user sends a trainer to stop it or to ask for a snapshot (Slurm signals every process
 #: of a job step: a SIGUSR2 or SIGTERM that killed the child would fail the very publish the
-#: stop waits for). It ends when told (``end``) or with its input, after the job in hand, or
-#: with SIGKILL (its parent's death, or anyone's).
+#: stop waits for), then is the leader of a process group of its own (where Popen could not
+#: make it: before Python 3.11). It ends when told (``end``) or with its input, after the job
+#: in hand, or with SIGKILL (its parent's death, or anyone's).
 _BOOT = (
     "import signal\n"
     "for name in ('SIGHUP', 'SIGINT', 'SIGQUIT', 'SIGTERM', 'SIGUSR1', 'SIGUSR2', 'SIGALRM'):\n"
     "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
     "for number in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):\n"
     "    signal.signal(number, signal.SIG_IGN)\n"
+    "import os\n"
+    "if os.getpgid(0) != os.getpid():\n"
+    "    os.setpgid(0, 0)\n"
     "import sys\n"
     "from restorepoint.ops._publish_child import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
+
+
+#: A process group of the child's own, made as it starts where Python can (3.11 and later).
+_OWN_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {}
 
 
 def available() -> bool:
@@ -143,8 +165,14 @@ class PublishProcess:
                 close_fds=True,
                 env=env,
                 # Not in the trainer's process group: a terminal's Ctrl-C or a kill of the
-                # group is the trainer's to handle (it then publishes through the child).
-                start_new_session=True,
+                # group is the trainer's to handle (it then publishes through the child). In
+                # its session, though: where the scheduler groups each session's threads
+                # (autogroup, on by default in many distributions' kernels), a session of the
+                # child's own made a group that weighed as much as the whole training process,
+                # whatever its threads' nice (bench_resume.py at 4 GiB, four rounds each: the
+                # training thread's slowdown 4.3% against 5.9%, published in 7.55 s against
+                # 8.20 s, docs/performance.md). Before Python 3.11, _BOOT makes the group.
+                **_OWN_GROUP,
             )
         except OSError as exc:
             raise Unavailable(f"the publish process did not start: {exc.strerror}") from None
@@ -178,11 +206,15 @@ class PublishProcess:
         keep_best: KeepBest | None = None,
         expect: float | None = None,
         deadline: float | None = None,
+        save: SaveJob | None = None,
     ) -> RemoteResult:
         """One publish in the child; the RestorePointError it raised is raised here (a
-        child that died midway: RestorePointError, and the next job starts a new one)."""
+        child that died midway: RestorePointError, and the next job starts a new one). With
+        ``save``, the child also writes that snapshot file, beside the publish: its outcome
+        comes after the publish's (``wait_saved``), so that a restore point in the store is
+        known as soon as it is there."""
         job = job_document(source, dest, head, options, memory, keep_last, keep_best)
-        job.update(expect=expect, deadline=deadline)
+        job.update(expect=expect, deadline=deadline, save=save.document() if save else None)
         self.start()
         child = self._child
         self._busy = True
@@ -195,6 +227,8 @@ class PublishProcess:
             self._busy = False
             if child is not None and self._child is not child:
                 _reap(child)  # closed while this job ran: it ends now, its input gone
+        if save is not None and answer.get("saving"):
+            save.pending = True
         if not answer.get("ok"):
             raise _error(answer)
         prune = answer.get("prune_error")
@@ -206,6 +240,31 @@ class PublishProcess:
             choices=answer.get("choices"),
             prune_error=_error(prune) if prune else None,
         )
+
+    def wait_saved(self, save: SaveJob) -> None:
+        """The child's answer about ``save``, which follows its publish's: ``save.done`` and
+        ``save.error``. Nothing when the child is not writing it; a child that died meanwhile
+        leaves ``done`` False (the caller writes the file itself), and the next job starts a
+        new one."""
+        if not save.pending:
+            return
+        save.pending = False
+        child = self._child
+        if child is None:
+            return
+        self._busy = True
+        try:
+            answer = self._answer(child, None)
+        except Unavailable:
+            self._kill()
+            return
+        finally:
+            self._busy = False
+            if self._child is not child:
+                _reap(child)
+        if answer.get("kind") == "saved":
+            save.done = True
+            save.error = None if answer.get("ok") else _error(answer)
 
     def set_deadline(self, when: float | None) -> None:
         """Carry a store deadline to the child (a stop, a reclaim notice)."""
@@ -275,6 +334,11 @@ class PublishProcess:
                 send(child.stdin, json.dumps(message).encode())
         except (OSError, ValueError):
             raise Unavailable(self._why_gone(child)) from None
+        return self._answer(child, timeout)
+
+    def _answer(self, child: subprocess.Popen[bytes], timeout: float | None) -> dict[str, Any]:
+        """The child's next answer (JSON); Unavailable where there is none."""
+        assert child.stdout is not None
         body = _receive_within(child.stdout, timeout)
         if body is None:
             raise Unavailable(self._why_gone(child))

@@ -4,8 +4,8 @@ store, on the snapshot worker's thread (docs/adapters.md, "Snapshots and signals
 - One process: the snapshot is published as one restore point through ``ops.publish``, packed
   straight from its copy in memory (each byte read once: hashed, encoded and written to the
   store), while ``last.pt`` is written to the run directory from the same memory on a thread
-  of its own (temporary file, fsync, rename), then the position sidecar. Without a store it is
-  saved only.
+  of its own (temporary file, fsync, rename: the publish process's where there is one, else
+  this process's), then the position sidecar. Without a store it is saved only.
 - With a process group: every rank saves and publishes its own part, rank 0 also the part the
   ranks hold alike, and rank 0 commits once every part is in (spec section 25). Every rank
   takes part in every collective whatever fails on the way, so a failure leaves no commit and
@@ -41,7 +41,7 @@ from ..format import PartRef, Position
 from ..ops._source import BytesFile, InMemory
 from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, Rest, publish
-from ..ops.publish_process import Peer, PublishProcess, RemoteResult, Unavailable
+from ..ops.publish_process import Peer, PublishProcess, RemoteResult, SaveJob, Unavailable
 from ..ops.publish_process import available as process_available
 from ..ops.resumed import ResumeMarker
 from ..ops.store import KeepBest
@@ -310,19 +310,37 @@ class Publisher:
     def _publish_and_save(self, snap: Snapshot) -> None:
         """One process with a store: the restore point is packed straight from the snapshot's
         copy in memory, each byte read once (hashed, encoded and written to the store), while
-        a thread of its own writes the snapshot file from the same memory to the run directory
-        (temporary file, fsync, rename), then its position sidecar. The payload is the same as
-        a pack of the run directory after the save: ``last.pt`` and the position sidecar, from
-        memory, in the place of the directory's older ones (spec section 26).
+        the snapshot file is written from the same memory to the run directory (temporary
+        file, fsync, rename), then its position sidecar. The payload is the same as a pack of
+        the run directory after the save: ``last.pt`` and the position sidecar, from memory,
+        in the place of the directory's older ones (spec section 26).
 
         Side by side, neither waits for the other: the publish does not wait for a write and
         fsync of the whole state first, and the run directory gets its snapshot however slow
-        the store is (a stop whose upload times out still leaves ``last.pt``). The save
-        thread is started from this one, so it runs at the background's priority."""
+        the store is (a stop whose upload times out still leaves ``last.pt``). With a publish
+        process, the child writes the file too, on a thread of its own (``SaveJob``): no
+        thread of the training process then holds its GIL for it. Otherwise, and where the
+        child did not write it (it died, or the publish was made here after all), a thread of
+        this process does, started from the worker's thread, so at the background's
+        priority."""
         target = self.directory.checkpoints / self.rank_file()
         self._check_space(snap, target, snap.state)
         position = json_line(snap.position.to_dict())
         image = SnapshotImage(dict(snap.state))
+        memory: dict[str, InMemory] = {target.name: image, POSITION_FILE: BytesFile(position)}
+        if self.process is not None:
+            job = SaveJob(
+                target.name, os.fspath(target), os.fspath(self.directory.path), self._save_nice()
+            )
+            process = self.process
+            self._publish(snap, memory, job)
+            process.wait_saved(job)
+            if not job.done:
+                save_image(image, target, self.directory.path)
+            elif job.error is not None:
+                raise job.error
+            atomic_write(target.parent / POSITION_FILE, position)
+            return
         failed: list[BaseException] = []
 
         def save() -> None:
@@ -346,18 +364,32 @@ class Publisher:
         saver = threading.Thread(target=save, name="rp-save", daemon=True)
         saver.start()
         try:
-            self._publish(snap, {target.name: image, POSITION_FILE: BytesFile(position)})
+            self._publish(snap, memory)
         finally:
             saver.join()
         if failed:
             raise failed[0]
         atomic_write(target.parent / POSITION_FILE, position)
 
-    def _publish(self, snap: Snapshot, memory: Mapping[str, InMemory] | None = None) -> None:
+    def _save_nice(self) -> int | None:
+        """The nice value for the publish process's write of the snapshot file: SAVE_NICE
+        beside a periodic publish (the worker's thread, which started the child, throttled
+        below the training thread), None (the child's own) after a stop."""
+        with self._nice_lock:
+            mine, base = thread_nice(threading.get_native_id()), thread_nice(os.getpid())
+            throttled = mine is not None and base is not None and mine > base
+            return SAVE_NICE if throttled and not self._unthrottled else None
+
+    def _publish(
+        self,
+        snap: Snapshot,
+        memory: Mapping[str, InMemory] | None = None,
+        save: SaveJob | None = None,
+    ) -> None:
         started = time.perf_counter()
         step = snap.position.step
         try:
-            result = self._published(snap, memory)
+            result = self._published(snap, memory, save)
         except RestorePointError as exc:
             self.uploads.append({"ok": False, "step": step, "error": str(exc)})
             self.event(
@@ -388,9 +420,12 @@ class Publisher:
                 error=result.prune_error.message,
             )
 
-    def _published(self, snap: Snapshot, memory: Mapping[str, InMemory] | None) -> RemoteResult:
+    def _published(
+        self, snap: Snapshot, memory: Mapping[str, InMemory] | None, save: SaveJob | None = None
+    ) -> RemoteResult:
         """The one publish of a snapshot: in the publish process where there is one and the
-        memory is what it can read, else here. RestorePointError when it fails."""
+        memory is what it can read (with ``save``, the child also writes that file), else
+        here. RestorePointError when it fails."""
         head = self.head(snap.position, snap.metrics)
         peers = _peers(memory) if self.process is not None and memory is not None else None
         if self.process is not None and peers is not None:
@@ -406,6 +441,7 @@ class Publisher:
                     keep_best=self.keep_best,
                     expect=self.rest.expected,
                     deadline=None if left is None else time.monotonic() + left,
+                    save=save,
                 )
             except Unavailable as exc:
                 # Said once; every later snapshot of the run publishes here.

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import hashlib
-import os
 import random
 import re
 import sys
@@ -29,9 +27,8 @@ from typing import Any
 
 import torch
 
-from .._direct import write_direct
-from .._posix import fsync_dir
-from ..errors import IncompatibleRestorePoint, StorageError
+from .._direct import DirectWriter, replace_file
+from ..errors import IncompatibleRestorePoint
 from .capture import Buffers, Copies, storable
 from .held import Held
 from .safe_load import safe_load
@@ -159,34 +156,22 @@ def save_state(state: Mapping[str, Any], target: Path, scratch: Path) -> None:
 
 
 def save_image(image: SnapshotImage, target: Path, scratch: Path) -> None:
-    """The one way a snapshot file reaches the run directory: written from memory to a
-    temporary file in ``scratch`` (on the same file system, outside the checkpoints a pack may
-    be reading), fsync, rename over ``target``, fsync of its directory, so that a kill at any
-    moment leaves the previous file or the new one, never a torn one, and a failure leaves no
-    litter. StorageError on a full disk.
+    """The snapshot file of ``image`` to ``target`` (``_direct.replace_file``: a temporary file
+    in ``scratch``, fsync, rename; the previous file or the new one whatever kills the
+    process; StorageError on a full disk), each tensor copied from its memory without the GIL.
 
-    Written past the page cache where the file system allows it (``write_direct``): on a VM
-    whose freed memory goes back to its host, the page cache's fresh pages and the writeback
-    after them took the training thread's core beside a periodic publish (bench_resume.py at
-    1 GiB: 5.0% of its steps against 2.6% direct, 2.0% with no file written at all)."""
-    tmp = scratch / f".{target.name}.tmp-{os.getpid()}"
+    Written past the page cache where the file system allows it: on a VM whose freed memory
+    goes back to its host, the page cache's fresh pages and the writeback after them took the
+    training thread's core beside a periodic publish (bench_resume.py at 1 GiB: 5.2% of its
+    steps through the cache against 2.3% direct, docs/performance.md)."""
     head = (ctypes.c_ubyte * len(image.head)).from_buffer_copy(image.head)
-    pieces = [(ctypes.addressof(head), len(image.head)), *image.regions]
-    try:
-        if not write_direct(tmp, pieces, image.size):
-            with open(tmp, "wb") as f:
-                image.write(f)
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        # No litter, and the previous file untouched (docs/reliability.md, "Full disks").
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if _no_space(exc):
-            raise StorageError("no space left on the device", url=str(target)) from exc
-        raise
-    fsync_dir(target.parent)
+
+    def fill(writer: DirectWriter) -> None:
+        writer.write_memory(ctypes.addressof(head), len(image.head))
+        for address, length in image.regions:
+            writer.write_memory(address, length)
+
+    replace_file(target, scratch, image.size, fill)
 
 
 def read_state(
@@ -228,17 +213,6 @@ def held_or_files(
     except _NotHeld:
         land()
         return load_state(path, extra_globals=extra_globals)
-
-
-def _no_space(exc: BaseException | None) -> bool:
-    """Whether ENOSPC (or EDQUOT) caused ``exc``: torch.save reports it as a RuntimeError
-    whose context is the OSError."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
 
 
 # -- what every rank holds alike --------------------------------------------------------------

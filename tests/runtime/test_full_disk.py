@@ -165,10 +165,22 @@ def test_the_first_snapshot_is_checked_against_the_state_size(
 
 
 def test_with_a_store_a_full_run_directory_does_not_keep_the_snapshot_from_the_store(
-    disk: Path, tmp_path: Path
+    disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The restore point is packed from memory: the snapshot file written beside the publish
-    meets the full disk, the publish does not; the save fails as before (named, no litter)."""
+    meets the full disk, the publish does not; the save fails as before (named, no litter).
+    The publish process writes the file and answers the failure: the training process does
+    not write it again."""
+    from restorepoint.runtime import publish as runtime_publish
+
+    here: list[str] = []
+    real = runtime_publish.save_image
+
+    def save_here(image: Any, target: Path, scratch: Path) -> None:
+        here.append(target.name)
+        real(image, target, scratch)
+
+    monkeypatch.setattr(runtime_publish, "save_image", save_here)
     store = f"{tmp_path / 'store'}/"
     run_dir = disk / "run"
     ballast = Ballast(6 * MiB)
@@ -183,6 +195,7 @@ def test_with_a_store_a_full_run_directory_does_not_keep_the_snapshot_from_the_s
         }
     assert not (checkpoints / "last.pt").exists()
     assert hidden(run_dir) == []
+    assert here == []
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events if e["event"] in ("uploaded", "snapshot_failed")] == [
         "uploaded",

@@ -184,6 +184,10 @@ def test_a_child_killed_mid_publish_is_one_failed_upload(tmp_path: Path) -> None
         run.wait()
         assert [u["ok"] for u in run.uploads] == [True, False]
         assert "killed by signal 9" in run.uploads[-1]["error"]
+        # The child did not write the snapshot file: the training process did, after it.
+        from restorepoint.runtime.state import load_state
+
+        assert load_state(run_dir / "checkpoints" / "last.pt")["position"]["step"] == 2
         # The next snapshot starts a new child, and publishes.
         run.commit()
         run.snapshot(wait=True)
@@ -643,3 +647,127 @@ def test_a_forked_process_holding_the_pipe_does_not_keep_the_child_at_close() ->
     finally:
         os.kill(holder, signal.SIGKILL)
         os.waitpid(holder, 0)
+
+
+def test_the_child_writes_last_pt_beside_its_publish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a publish process, the snapshot file is the child's to write too (read out of the
+    training process's memory, past the page cache): no thread of the training process
+    writes it, and it is the same file the training process would have written."""
+    from restorepoint.runtime import publish as runtime_publish
+    from restorepoint.runtime.snapshot_file import SnapshotImage
+    from restorepoint.runtime.state import load_state
+
+    here: list[str] = []
+    real = runtime_publish.save_image
+
+    def save_here(image: Any, target: Path, scratch: Path) -> None:
+        here.append(target.name)
+        real(image, target, scratch)
+
+    monkeypatch.setattr(runtime_publish, "save_image", save_here)
+    model, optimizer = _trained()
+    store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
+    with _published_once(run_dir, store, model, optimizer) as run:
+        assert run.publisher.process is not None
+        assert run.uploads[-1]["ok"], run.uploads
+        last = run_dir / "checkpoints" / "last.pt"
+        state = load_state(last)
+        assert state["position"]["step"] == 1
+        torch.testing.assert_close(state["objects"]["model"], model.state_dict(), rtol=0, atol=0)
+        # Byte for byte the file the training process writes of the same state.
+        mine = tmp_path / "mine.pt"
+        real(SnapshotImage(dict(load_state(last))), mine, tmp_path)
+        assert mine.read_bytes() == last.read_bytes()
+    assert here == []
+    assert [str(p) for p in run_dir.rglob(".*")] == []  # no temporary file left
+
+
+def test_the_childs_save_runs_lowest_beside_a_periodic_publish_and_a_stop_raises_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's thread that writes the snapshot file takes the nice the job names (19
+    beside a periodic publish); a stop's priority message raises it while it writes. Run in
+    this process (the child's job function, reading this process's memory), so that the
+    write can be held at its first read."""
+    if os.geteuid() != 0:
+        pytest.skip("raising a thread's priority back needs root (or RLIMIT_NICE)")
+    import ctypes
+    import threading
+
+    from restorepoint.format import Position
+    from restorepoint.ops._increment import Rest
+    from restorepoint.ops.publish import HeadSpec, PackOptions
+
+    base = _nice(0)
+    data = bytearray(os.urandom(3 << 20))
+    address = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data))
+    peer = publish_process.Peer(b"HEAD" * 2, ((address, len(data)),))
+    run_dir = tmp_path / "run"
+    checkpoints = run_dir / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    head = HeadSpec(Position(1, 0, 1), config={"lr": 0.1}, run="run-1")
+    memory = {"last.pt": peer, "position.json": b"{}\n"}
+    job = _publish_wire.job_document(
+        str(checkpoints), f"{tmp_path / 'store'}/", head, PackOptions(), memory, None, None
+    )
+    save = publish_process.SaveJob("last.pt", str(checkpoints / "last.pt"), str(run_dir), 19)
+    job.update(expect=None, deadline=None, save=save.document())
+    job = json.loads(json.dumps(job))  # as the wire carries it
+
+    seen: dict[str, int] = {}
+    held, release = threading.Event(), threading.Event()
+    real = _publish_child.read_memory
+
+    def watched(pid: int, at: int, into: int, n: int) -> None:
+        if threading.current_thread().name == "rp-save" and not held.is_set():
+            seen["tid"] = threading.get_native_id()
+            seen["periodic"] = _nice(seen["tid"])
+            held.set()
+            assert release.wait(60)
+        real(pid, at, into, n)
+
+    monkeypatch.setattr(_publish_child, "read_memory", watched)
+    saver = _publish_child._Saver(os.getpid())
+    box: list[dict[str, Any]] = []
+
+    def work() -> None:
+        outcome, saving = _publish_child._job(os.getpid(), job, Rest(), saver)
+        assert saving is not None
+        box.extend([outcome, saving.result()])
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        assert held.wait(60)
+        saver.raise_all(base)  # the stop's priority message
+        seen["stop"] = _nice(seen["tid"])
+    finally:
+        release.set()
+        worker.join(60)
+    outcome, saved = box
+    assert outcome["ok"], outcome
+    assert saved == {"ok": True}
+    assert (seen["periodic"], seen["stop"]) == (19, base)
+    assert (checkpoints / "last.pt").read_bytes() == b"HEAD" * 2 + bytes(data)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]  # no temporary file
+
+
+def test_the_child_has_a_process_group_of_its_own_in_the_trainers_session() -> None:
+    """A terminal's Ctrl-C (to the trainer's foreground group) does not reach the child, and
+    the scheduler weighs the child's threads by their nice against the trainer's: a session
+    of its own would have been a group of the scheduler's own (autogroup) that weighed as
+    much as the whole training process."""
+    process = publish_process.PublishProcess()
+    process.start()
+    try:
+        pid = process.pid
+        assert pid is not None
+        assert os.getpgid(pid) == pid != os.getpgid(0)
+        assert os.getsid(pid) == os.getsid(0)
+        mine = Path("/proc/self/autogroup")
+        if mine.exists():  # a kernel with autogroup: the child in the trainer's
+            assert Path(f"/proc/{pid}/autogroup").read_text() == mine.read_text()
+    finally:
+        process.close()

@@ -703,9 +703,11 @@ def test_background_nice_none_keeps_the_training_priority(
 def test_the_last_pt_write_runs_lowest_beside_training_and_a_stop_raises_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The thread that writes ``last.pt`` beside a periodic publish runs at nice 19 (its copy
-    into the page cache would otherwise take the training thread's core); a stop raises a
-    write in flight to the training priority, and the stop's own write starts there."""
+    """Publishing on the background thread (``background="thread"``; with a publish process
+    the child writes the file: test_publish_process.py), the thread that writes ``last.pt``
+    beside a periodic publish runs at nice 19 (its copy would otherwise take the training
+    thread's core); a stop raises a write in flight to the training priority, and the stop's
+    own write starts there."""
     if os.geteuid() != 0:
         pytest.skip("raising a thread's priority back needs root (or RLIMIT_NICE)")
     from restorepoint.runtime import publish as runtime_publish
@@ -735,7 +737,7 @@ def test_the_last_pt_write_runs_lowest_beside_training_and_a_stop_raises_it(
     monkeypatch.setattr(runtime_publish, "save_image", save)
     store = f"{tmp_path / 'store'}/"
     out = tv.train(
-        tmp_path / "runs", config=every(5), store=store, stop_at=12,
+        tmp_path / "runs", config=every(5), store=store, stop_at=12, background="thread",
         # Step 5's write under way before training goes on (not coalesced into the stop's).
         before_commit=lambda run, step: began.wait(60) if step == 6 else None,
     )  # fmt: skip

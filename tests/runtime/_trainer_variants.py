@@ -217,6 +217,23 @@ def assert_same_state(a: Any, b: Any, where: str = "state") -> None:
         assert type(a) is type(b) and a == b, f"{where}: {a!r} != {b!r}"
 
 
+def saves_here(monkeypatch: Any) -> list[str]:
+    """The names of the snapshot files the training process itself writes beside a publish
+    from now on (``runtime.publish.save_image``, wrapped), in order: with a publish process
+    the child writes them, and the list stays empty."""
+    from restorepoint.runtime import publish as runtime_publish
+
+    here: list[str] = []
+    real = runtime_publish.save_image
+
+    def save_here(image: Any, target: Path, scratch: Path) -> None:
+        here.append(target.name)
+        real(image, target, scratch)
+
+    monkeypatch.setattr(runtime_publish, "save_image", save_here)
+    return here
+
+
 def events(run_dir: Path) -> list[dict[str, Any]]:
     """The run's events; a run that had none has no events.jsonl."""
     path = run_dir / "events.jsonl"

@@ -171,16 +171,7 @@ def test_with_a_store_a_full_run_directory_does_not_keep_the_snapshot_from_the_s
     meets the full disk, the publish does not; the save fails as before (named, no litter).
     The publish process writes the file and answers the failure: the training process does
     not write it again."""
-    from restorepoint.runtime import publish as runtime_publish
-
-    here: list[str] = []
-    real = runtime_publish.save_image
-
-    def save_here(image: Any, target: Path, scratch: Path) -> None:
-        here.append(target.name)
-        real(image, target, scratch)
-
-    monkeypatch.setattr(runtime_publish, "save_image", save_here)
+    here = tv.saves_here(monkeypatch)
     store = f"{tmp_path / 'store'}/"
     run_dir = disk / "run"
     ballast = Ballast(6 * MiB)

@@ -655,18 +655,10 @@ def test_the_child_writes_last_pt_beside_its_publish(
     """With a publish process, the snapshot file is the child's to write too (read out of the
     training process's memory, past the page cache): no thread of the training process
     writes it, and it is the same file the training process would have written."""
-    from restorepoint.runtime import publish as runtime_publish
     from restorepoint.runtime.snapshot_file import SnapshotImage
-    from restorepoint.runtime.state import load_state
+    from restorepoint.runtime.state import load_state, save_image
 
-    here: list[str] = []
-    real = runtime_publish.save_image
-
-    def save_here(image: Any, target: Path, scratch: Path) -> None:
-        here.append(target.name)
-        real(image, target, scratch)
-
-    monkeypatch.setattr(runtime_publish, "save_image", save_here)
+    here = tv.saves_here(monkeypatch)
     model, optimizer = _trained()
     store, run_dir = f"{tmp_path / 'store'}/", tmp_path / "run"
     with _published_once(run_dir, store, model, optimizer) as run:
@@ -678,7 +670,7 @@ def test_the_child_writes_last_pt_beside_its_publish(
         torch.testing.assert_close(state["objects"]["model"], model.state_dict(), rtol=0, atol=0)
         # Byte for byte the file the training process writes of the same state.
         mine = tmp_path / "mine.pt"
-        real(SnapshotImage(dict(load_state(last))), mine, tmp_path)
+        save_image(SnapshotImage(dict(load_state(last))), mine, tmp_path)
         assert mine.read_bytes() == last.read_bytes()
     assert here == []
     assert [str(p) for p in run_dir.rglob(".*")] == []  # no temporary file left

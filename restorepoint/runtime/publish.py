@@ -329,9 +329,9 @@ class Publisher:
         image = SnapshotImage(dict(snap.state))
         memory: dict[str, InMemory] = {target.name: image, POSITION_FILE: BytesFile(position)}
         if self.process is not None:
-            job = SaveJob(
-                target.name, os.fspath(target), os.fspath(self.directory.path), self._save_nice()
-            )
+            with self._nice_lock:
+                nice = self._save_nice(threading.get_native_id())
+            job = SaveJob(target.name, os.fspath(target), os.fspath(self.directory.path), nice)
             process = self.process
             self._publish(snap, memory, job)
             process.wait_saved(job)
@@ -350,9 +350,7 @@ class Publisher:
             # priority it inherited; raised by ``unthrottle`` while it runs.
             with self._nice_lock:
                 self._saver = me
-                mine, base = thread_nice(me), thread_nice(os.getpid())
-                throttled = mine is not None and base is not None and mine > base
-                if throttled and not self._unthrottled:
+                if self._save_nice(me) is not None:
                     set_thread_nice(me, SAVE_NICE)
             try:
                 save_image(image, target, self.directory.path)
@@ -371,14 +369,14 @@ class Publisher:
             raise failed[0]
         atomic_write(target.parent / POSITION_FILE, position)
 
-    def _save_nice(self) -> int | None:
-        """The nice value for the publish process's write of the snapshot file: SAVE_NICE
-        beside a periodic publish (the worker's thread, which started the child, throttled
-        below the training thread), None (the child's own) after a stop."""
-        with self._nice_lock:
-            mine, base = thread_nice(threading.get_native_id()), thread_nice(os.getpid())
-            throttled = mine is not None and base is not None and mine > base
-            return SAVE_NICE if throttled and not self._unthrottled else None
+    def _save_nice(self, native_id: int) -> int | None:
+        """The nice value for a write of the snapshot file by thread ``native_id`` (the
+        worker's, which started the publish process, or one it started, which inherited its
+        nice), with ``_nice_lock`` held: SAVE_NICE beside a periodic publish (that thread
+        throttled below the training thread), None (its own) after a stop."""
+        mine, base = thread_nice(native_id), thread_nice(os.getpid())
+        throttled = mine is not None and base is not None and mine > base
+        return SAVE_NICE if throttled and not self._unthrottled else None
 
     def _publish(
         self,

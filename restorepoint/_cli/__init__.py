@@ -30,19 +30,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _tune_allocator() -> None:
-    """glibc's malloc hands every freed block above 128 KiB back to the kernel and faults it in
-    again on the next allocation: with a fresh 4 MiB buffer per chunk, pack and verify took
-    about 40,000 page faults for a 131 MiB checkpoint. Blocks of up to 32 MiB from the heap,
-    kept there after a free, halve that (docs/performance.md). Only in the CLI's own process:
-    the library does not change its caller's allocator; a MALLOC_* setting of the user's wins."""
-    if not sys.platform.startswith("linux") or any(k.startswith("MALLOC_") for k in os.environ):
-        return
-    import ctypes
+    """The CLI's pack and verify take a fresh 4 MiB buffer per chunk: malloc keeps what they
+    free (``_posix.keep_freed_memory``)."""
+    from .._posix import keep_freed_memory
 
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # glibc; musl has none
-    except (OSError, AttributeError):
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum on 64-bit
-    mallopt(m_trim_threshold, 256 << 20)
+    keep_freed_memory()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from .._direct import DirectWriter, replace_file
-from .._posix import die_with_parent, read_memory, set_thread_nice
+from .._posix import die_with_parent, keep_freed_memory, read_memory, set_thread_nice
 from ..errors import RestorePointError
 from ..storage import deadline_left, set_store_deadline
 from ._increment import Rest
@@ -279,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     if not die_with_parent(parent):
         return 0
     logging.basicConfig(level=logging.WARNING, format="restorepoint (publish process): %(message)s")
+    # Every job allocates and frees the same buffers: kept, they are not faulted in anew.
+    keep_freed_memory()
     with contextlib.suppress(ImportError):
         # The planes split's shifts and copies release the GIL with numpy (format/codecs.py).
         import numpy  # noqa: F401

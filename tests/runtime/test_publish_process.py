@@ -286,6 +286,43 @@ def test_a_stop_gives_the_child_the_training_priority_back(
     assert max(e.step for e in restorepoint.list_store(store)) == 5
 
 
+@pytest.mark.parametrize("background", ["process", "thread"])
+def test_a_stop_publishes_on_every_core_and_a_periodic_publish_on_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: str
+) -> None:
+    """Training waits for a stop's publish whole, so it encodes on a thread per core (up to
+    the pack's default); a periodic publish keeps the run's one thread, which leaves the
+    training thread a core."""
+    from restorepoint.ops._threads import default_threads
+    from restorepoint.runtime import publish as runtime_publish
+
+    threads: list[tuple[str, int | None]] = []
+    real_child = publish_process.PublishProcess.publish
+    real_here = runtime_publish.publish
+
+    def in_child(self: Any, source: Any, dest: Any, head: Any, options: Any, **kw: Any) -> Any:
+        threads.append(("process", options.threads))
+        return real_child(self, source, dest, head, options, **kw)
+
+    def here(source: Any, dest: Any, head: Any, options: Any, **kw: Any) -> Any:
+        threads.append(("thread", options.threads))
+        return real_here(source, dest, head, options, **kw)
+
+    monkeypatch.setattr(publish_process.PublishProcess, "publish", in_child)
+    monkeypatch.setattr(runtime_publish, "publish", here)
+    store = f"{tmp_path / 'store'}/"
+    out = tv.train(
+        tmp_path / "runs", config=tv.config_with(**{"train.snapshot_every": 2}), store=store,
+        stop_at=5, background=background,
+        # Each snapshot published before the next is taken: none is coalesced away.
+        before_commit=lambda run, step: run.wait(),
+    )  # fmt: skip
+    assert out.code == 42
+    # Steps 2 and 4, then the stop's at 5: each where the run publishes.
+    assert threads == [(background, 1), (background, 1), (background, default_threads())]
+    assert sorted(e.step for e in restorepoint.list_store(store)) == [2, 4, 5]
+
+
 def test_without_a_publish_process_the_run_says_so_and_publishes_on_its_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

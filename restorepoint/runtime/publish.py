@@ -30,7 +30,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,6 @@ from .._posix import atomic_write, set_thread_nice, thread_nice
 from ..errors import RestorePointError
 from ..format import PartRef, Position
 from ..ops._source import BytesFile, InMemory
-from ..ops._threads import default_threads
 from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.publish_process import Peer, PublishProcess, RemoteResult, SaveJob, Unavailable
@@ -237,17 +235,11 @@ class Publisher:
             self.process.unthrottle()
 
     def _options(self) -> PackOptions:
-        """The pack options of a publish that starts now: after a stop, with an encode thread
-        per core (up to the pack's default), since training waits for the publish whole.
-        Before, the run's (one thread by default, which leaves the training thread a core).
-        At 1 GiB on 2 cores, the stop took 1.52 s against 1.69 s with one thread (medians of
-        five, docs/performance.md)."""
+        """The pack options of a publish that starts now: after a stop, which training waits
+        for whole, on every core (``PackOptions.waited_for``); before, the run's."""
         with self._nice_lock:
             unthrottled = self._unthrottled
-        threads = default_threads()
-        if unthrottled and self.options.threads is not None and self.options.threads < threads:
-            return replace(self.options, threads=threads)
-        return self.options
+        return self.options.waited_for() if unthrottled else self.options
 
     def close(self) -> None:
         """End the publish process, if one was started (after the worker's last job)."""

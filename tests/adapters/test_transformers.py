@@ -243,6 +243,40 @@ def test_a_stop_under_a_supervisor_aims_at_the_supervisors_deadline(
     assert "restorepoint: stop (SIGTERM) at step 3" in capfd.readouterr().err
 
 
+def test_a_stops_checkpoint_is_published_on_every_core_a_periodic_one_on_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training waits for the stop's publish whole, so it encodes on a thread per core (up to
+    the pack's default); a periodic checkpoint's keeps the callback's one thread, which leaves
+    the training thread a core."""
+    from restorepoint.adapters.transformers import callback as hf_callback
+    from restorepoint.ops._threads import default_threads
+
+    threads: list[tuple[int, int | None]] = []
+    real = hf_callback.publish
+
+    def recorded(source: Any, dest: Any, head: Any, options: Any, **kw: Any) -> Any:
+        threads.append((head.position.step, options.threads))
+        return real(source, dest, head, options, **kw)
+
+    monkeypatch.setattr(hf_callback, "publish", recorded)
+
+    class Stop(Steps):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    store = f"{tmp_path / 'store'}/"
+    with Process():
+        trainer, _, _ = make_trainer(tmp_path / "out", store=store, callbacks=[Stop()])
+        with pytest.raises(SystemExit) as stopped:
+            trainer.train()
+    assert stopped.value.code == 42
+    # save_steps=3: checkpoint-3 is a periodic one, checkpoint-5 the stop's.
+    assert threads == [(3, 1), (5, default_threads())]
+    assert sorted(e.step for e in list_store(store)) == [3, 5]
+
+
 def test_with_save_strategy_best_a_stop_still_saves(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -95,6 +95,8 @@ class _Job:
     head: HeadSpec
     #: The bytes its training changes at each step (``_stepped``); None: not known.
     stepped: int | None = None
+    #: A stop's checkpoint: training waits for its publish, which takes every core.
+    stop: bool = False
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,8 @@ class RestorePointCallback(TrainerCallback):
             self._record("pack_failed", step=step, error=str(exc))
             return
         head = self._spec.at(Position(step, epoch), self._metrics(state))
-        self._worker.submit(_Job(step, staging, checkpoint, head, stepped))
+        stop = self._stopping is not None
+        self._worker.submit(_Job(step, staging, checkpoint, head, stepped, stop))
 
     def _publish(self, job: _Job) -> None:
         """The worker's job (never raises): publish and read back, or hash the files here
@@ -368,7 +371,7 @@ class RestorePointCallback(TrainerCallback):
                         job.staging,
                         self.store,
                         job.head,
-                        self.options,
+                        self.options.waited_for() if job.stop else self.options,
                         keep_last=self.keep_last,
                         keep_best=self.keep_best,
                         handoff=self.handoff,

@@ -261,14 +261,19 @@ def test_a_stops_checkpoint_is_published_on_every_core_a_periodic_one_on_one(
 
     monkeypatch.setattr(hf_callback, "publish", recorded)
 
+    made: list[Any] = []
+
     class Stop(Steps):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step == 4:
+                # checkpoint-3's publish done first: the stop's cannot replace it in the queue.
+                assert made[0].wait(60)
                 os.kill(os.getpid(), signal.SIGTERM)
 
     store = f"{tmp_path / 'store'}/"
     with Process():
-        trainer, _, _ = make_trainer(tmp_path / "out", store=store, callbacks=[Stop()])
+        trainer, rp, _ = make_trainer(tmp_path / "out", store=store, callbacks=[Stop()])
+        made.append(rp)
         with pytest.raises(SystemExit) as stopped:
             trainer.train()
     assert stopped.value.code == 42

@@ -22,6 +22,7 @@ from .._direct import DirectWriter, replace_file
 from .._posix import die_with_parent, keep_freed_memory, read_memory, set_thread_nice
 from ..errors import RestorePointError
 from ..storage import deadline_left, set_store_deadline
+from ._abandon import Abandon
 from ._increment import Rest
 from ._publish_wire import Peer, job_from, receive, send
 from ._source import BytesFile, PiecesReader
@@ -102,10 +103,12 @@ def _set_nice(value: int) -> None:
 
 
 def _job(
-    parent: int, job: dict[str, Any], rest: Rest, saver: _Saver
+    parent: int, job: dict[str, Any], rest: Rest, saver: _Saver, abandon: Abandon | None = None
 ) -> tuple[dict[str, Any], _Saving | None]:
     """One job: the publish, and beside it the snapshot file where the job asks for it. The
-    publish's answer, and the save in flight (None where the job asks for none)."""
+    publish's answer, and the save in flight (None where the job asks for none). ``abandon``:
+    the parent's ask to give the publish up, if it may be (the save goes on: it is the run
+    directory's)."""
     head, options, keep_best = job_from(job)
     memory: dict[str, _PeerSource | BytesFile] = {}
     for name, item in job["memory"].items():
@@ -136,6 +139,7 @@ def _job(
                 keep_best=keep_best,
                 memory=memory,
                 rest=rest,
+                progress=abandon,
             )
         )
     except Exception as exc:  # the publish's failure, answered as data
@@ -209,6 +213,11 @@ class _Child:
         self._out_lock = threading.Lock()
         self._jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.saver = _Saver(parent)
+        #: The job in hand (its number, its token), and the asks to abandon a job that came
+        #: before it did (number to why), under one lock.
+        self._abandon_lock = threading.Lock()
+        self._current: tuple[int, Abandon] | None = None
+        self._early: dict[int, str] = {}
 
     def answer(self, doc: Mapping[str, Any]) -> None:
         with self._out_lock:
@@ -248,6 +257,8 @@ class _Child:
                 set_store_deadline(message["at"])
             elif kind == "nice":
                 self.saver.raise_all(message["value"])
+            elif kind == "abandon":
+                self._abandon(int(message["id"]), str(message["why"]))
             elif kind == "hello":
                 self.hello(message)
             elif kind == "ping":
@@ -256,15 +267,42 @@ class _Child:
             else:
                 self._jobs.put(message)
 
+    def _abandon(self, number: int, why: str) -> None:
+        """The parent's ask to abandon job ``number``: the job in hand's token, or kept for
+        a job still queued; one that has ended is not in hand any more, and nothing is done."""
+        with self._abandon_lock:
+            current = self._current
+            if current is None or current[0] != number:
+                self._early[number] = why
+                return
+        current[1].ask(why)
+
+    def _begin(self, job: Mapping[str, Any]) -> Abandon:
+        """The token of the job about to run, asked already where its ask came first."""
+        abandon = Abandon()
+        number = int(job.get("id", 0))
+        with self._abandon_lock:
+            why = self._early.pop(number, None)
+            # Asks for jobs that ended before they came are of no use any more.
+            self._early = {n: w for n, w in self._early.items() if n > number}
+            self._current = (number, abandon)
+        if why is not None:
+            abandon.ask(why)
+        return abandon
+
     def run(self) -> None:
         threading.Thread(target=self.listen, name="rp-listen", daemon=True).start()
         rest = Rest()
         while (job := self._jobs.get()) is not None:
             saving = None
+            abandon = self._begin(job)
             try:
-                outcome, saving = _job(self.parent, job, rest, self.saver)
+                outcome, saving = _job(self.parent, job, rest, self.saver, abandon)
             except Exception as exc:  # every failure goes back to the parent, as data
                 outcome = _failure(exc)
+            finally:
+                with self._abandon_lock:
+                    self._current = None
             # The publish's answer first, the snapshot file's once it is written.
             outcome["saving"] = saving is not None
             self.answer(outcome)

@@ -25,6 +25,9 @@ objects, encryption keys) is published on the parent's thread instead. The child
   takes the process's back with a stop (``unthrottle``), where the system lets it;
 - follows the store deadline the parent sets (``set_store_deadline``) while a job runs: a
   stop or a reclaim notice reaches a publish in flight;
+- abandons the job in hand when the parent asks (``publish(abandon=)``, by the job's number,
+  so that an ask never reaches a later job): a stop's newer snapshot supersedes a periodic
+  publish that cannot land in time with it (runtime/_inflight.py);
 - ignores the stop and snapshot signals, in a process group of its own in the trainer's
   session (``_BOOT``): a scheduler signals every process of a job step, and the trainer's
   stop publishes through the child;
@@ -54,6 +57,7 @@ from .. import errors
 from .._posix import allow_reader
 from ..errors import RestorePointError
 from ..storage import watch_store_deadline
+from ._abandon import Abandon
 from ._publish_child import main
 from ._publish_wire import Peer, SaveJob, Unavailable, job_document, receive, send
 from .publish import HeadSpec, PackOptions
@@ -127,6 +131,8 @@ class PublishProcess:
         self._lock = threading.Lock()
         #: A job in flight (its answer not yet read).
         self._busy = False
+        #: The number of the newest job: an abandon names it, so that none reaches a later.
+        self._jobs = 0
         self._unwatch: Callable[[], None] | None = None
 
     @property
@@ -207,15 +213,25 @@ class PublishProcess:
         expect: float | None = None,
         deadline: float | None = None,
         save: SaveJob | None = None,
+        abandon: Abandon | None = None,
     ) -> RemoteResult:
         """One publish in the child; the RestorePointError it raised is raised here (a
         child that died midway: RestorePointError, and the next job starts a new one). With
         ``save``, the child also writes that snapshot file, beside the publish: its outcome
         comes after the publish's (``wait_saved``), so that a restore point in the store is
-        known as soon as it is there."""
+        known as soon as it is there. ``abandon``: asked while the job runs, the child
+        abandons this publish at its next chunk (ops/_abandon.py)."""
+        self._jobs += 1
+        number = self._jobs
         job = job_document(source, dest, head, options, memory, keep_last, keep_best)
-        job.update(expect=expect, deadline=deadline, save=save.document() if save else None)
+        job.update(
+            expect=expect, deadline=deadline, save=save.document() if save else None, id=number
+        )
         self.start()
+        if abandon is not None:
+            abandon.check()  # asked before it began: it does not begin
+            # By the job's number: the child keeps an ask that reaches it before the job.
+            abandon.watch(lambda why: self._tell({"kind": "abandon", "id": number, "why": why}))
         child = self._child
         self._busy = True
         try:

@@ -37,25 +37,22 @@ import torch
 
 from .._posix import atomic_write, set_thread_nice, thread_nice
 from ..errors import RestorePointError
-from ..format import PartRef, Position
+from ..format import Position
 from ..ops._source import BytesFile, InMemory
-from ..ops.parts import CommitPlan, publish_commit, publish_part
 from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.publish_process import Peer, PublishProcess, RemoteResult, SaveJob, Unavailable
 from ..ops.publish_process import available as process_available
 from ..ops.resumed import ResumeMarker
 from ..ops.store import KeepBest
 from ..storage import deadline_left
+from ._inflight import InFlight, supersede
+from ._parts import save_and_publish_part
 from .contract import POSITION_FILE, RunDirectory
 from .snapshot_file import SnapshotImage
 from .state import (
     expected_reuse,
-    remove_other_shared,
     save_image,
     save_state,
-    shared_file,
-    split_shared,
-    state_digest,
 )
 from .worker import Snapshot
 
@@ -170,6 +167,9 @@ class Publisher:
         self._saver: int | None = None
         self._unthrottled = False
         self._nice_lock = threading.Lock()
+        #: The publish in flight (one process, a store), which a stop's newer snapshot may
+        #: supersede (``supersede``); None between publishes.
+        self._flight: InFlight | None = None
         #: The publish in a process of its own (``background`` "process", or "auto" on Linux
         #: without encryption: one process, a store); None: on the worker's thread. Started by
         #: ``prepare`` on the worker's thread, which outlives every publish (the child dies
@@ -234,6 +234,15 @@ class Publisher:
         if self.process is not None:
             self.process.unthrottle()
 
+    def supersede(self, newer: int) -> None:
+        """A stop's snapshot at step ``newer`` waits: abandon the publish in flight where the
+        store deadline holds the stop's publish but not that one's rest before it
+        (runtime/_inflight.py). Said in the ``upload_superseded`` event."""
+        seconds = [u["seconds"] for u in self.uploads if u.get("ok")]
+        figures = supersede(self._flight, newer, seconds, self.options.deadline_margin)
+        if figures is not None:
+            self.event("upload_superseded", **figures)
+
     def _options(self) -> PackOptions:
         """The pack options of a publish that starts now: after a stop, which training waits
         for whole, on every core (``PackOptions.waited_for``); before, the run's."""
@@ -263,7 +272,7 @@ class Publisher:
             # chunk names would serve (spec 28.4, 28.7).
             self.rest.expect(expected_reuse(snap.stepped, state_bytes(snap.state)))
             if self.world > 1:
-                self._save_and_publish_part(snap)
+                save_and_publish_part(self, snap)
             elif self.store is None:
                 self._save(snap, self.directory.checkpoints / self.rank_file(), snap.state)
             else:
@@ -393,16 +402,26 @@ class Publisher:
     ) -> None:
         started = time.perf_counter()
         step = snap.position.step
+        flight = InFlight(step) if self.world == 1 else None
+        self._flight = flight
         try:
-            result = self._published(snap, memory, save)
+            result = self._published(snap, memory, save, flight)
         except RestorePointError as exc:
-            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
+            upload: dict[str, Any] = {"ok": False, "step": step, "error": str(exc)}
+            if flight is not None and flight.abandon.asked:
+                # For a stop's newer snapshot (``supersede``, which said so): no failure.
+                upload["superseded"] = True
+                self.uploads.append(upload)
+                return
+            self.uploads.append(upload)
             self.event(
                 "upload_failed", step=step, error_class=type(exc).__name__, error=exc.message
             )
             return
+        finally:
+            self._flight = None
         seconds = time.perf_counter() - started
-        upload: dict[str, Any] = {"ok": True, "step": step, "url": result.url, "seconds": seconds}
+        upload = {"ok": True, "step": step, "url": result.url, "seconds": seconds}
         extra: dict[str, Any] = {}
         if result.incremental is not None:
             # Whether it referenced its newest, and why not (spec 28.4): a full fine-tune's
@@ -426,11 +445,16 @@ class Publisher:
             )
 
     def _published(
-        self, snap: Snapshot, memory: Mapping[str, InMemory] | None, save: SaveJob | None = None
+        self,
+        snap: Snapshot,
+        memory: Mapping[str, InMemory] | None,
+        save: SaveJob | None = None,
+        flight: InFlight | None = None,
     ) -> RemoteResult:
         """The one publish of a snapshot: in the publish process where there is one and the
         memory is what it can read (with ``save``, the child also writes that file), else
-        here. RestorePointError when it fails."""
+        here. RestorePointError when it fails, or when ``flight`` is abandoned."""
+        abandon = flight.abandon if flight is not None else None
         head = self.head(snap.position, snap.metrics)
         options = self._options()
         peers = _peers(memory) if self.process is not None and memory is not None else None
@@ -448,6 +472,7 @@ class Publisher:
                     expect=self.rest.expected,
                     deadline=None if left is None else time.monotonic() + left,
                     save=save,
+                    abandon=abandon,
                 )
             except Unavailable as exc:
                 # Said once; every later snapshot of the run publishes here.
@@ -461,6 +486,7 @@ class Publisher:
             keep_best=self.keep_best,
             memory=memory,
             rest=self.rest,
+            progress=abandon,
         )
         pack = result.pack
         return RemoteResult(
@@ -471,122 +497,3 @@ class Publisher:
             choices=pack.choices.to_dict() if pack.choices is not None else None,
             prune_error=result.prune_error,
         )
-
-    # -- with a process group: a part per rank, and the commit ----------------------------------
-
-    def _gather(self, value: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world
-        torch.distributed.all_gather_object(out, value, group=self.group)
-        return out
-
-    def _save_and_publish_part(self, snap: Snapshot) -> None:
-        """Every rank, on its worker: agree on the commit and on what every rank holds alike,
-        save (the shared state once, named by its content, and the rank's own), publish the
-        rank's part (rank 0: and the shared part), then rank 0, once every part is in, the
-        commit. Every rank takes part in every collective, whatever fails on the way: a rank
-        that fails (or dies: the collective then fails) leaves no commit, and the previous
-        restore point stays the newest."""
-        box = [CommitPlan.new(self.world).to_dict() if self.is_main else None]
-        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
-        assert isinstance(box[0], dict)
-        plan = CommitPlan.from_dict(box[0])
-        objects = snap.state["objects"]
-        digests = self._gather({name: state_digest(value) for name, value in objects.items()})
-        shared = {
-            name: digest
-            for name, digest in digests[0].items()
-            if digest is not None and all(d.get(name) == digest for d in digests)
-        }
-        checkpoints = self.directory.checkpoints
-        own: list[str] = [self.rank_file()]
-        common: list[str] = []
-        refs: tuple[PartRef | None, PartRef | None] = (None, None)
-        error = ""
-        saved = False
-        try:
-            state = snap.state
-            if shared:
-                name = shared_file(shared)
-                state, common_state = split_shared(snap.state, sorted(shared), name)
-                self._save(snap, checkpoints / name, common_state, sidecar=False)
-                common = [name]
-            self._save(snap, checkpoints / self.rank_file(), state)
-            saved = True
-            if shared:
-                remove_other_shared(checkpoints, common[0])
-            if self.store is not None:
-                refs = self._publish_parts(snap, plan, own, common)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            log.warning("snapshot at step %d failed: %s", snap.position.step, error)
-            if not saved:
-                self.save_errors[snap.position.step] = str(exc)
-        if self.store is None:
-            return
-        gathered = self._gather((refs, error))
-        step = snap.position.step
-        if not self.is_main:
-            if error:
-                self.event("upload_failed", step=step, error=error)
-            return
-        failed = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]
-        if failed:
-            self.uploads.append({"ok": False, "step": step, "error": "; ".join(failed)})
-            self.event("upload_failed", step=step, error="; ".join(failed))
-            return
-        parts = [ref for pair, _ in gathered for ref in pair if ref is not None]
-        self._publish_commit(snap, plan, parts)
-
-    def _publish_parts(
-        self, snap: Snapshot, plan: CommitPlan, own: list[str], common: list[str]
-    ) -> tuple[PartRef | None, PartRef | None]:
-        """This rank's part; on rank 0 also the shared part (the shared state and the
-        position), or the position in its own part when nothing is shared."""
-        head = self.head(snap.position, snap.metrics)
-        options = self._options()
-        mine, shared = own, None
-        if self.is_main:
-            if common:
-                shared = [*common, POSITION_FILE]
-            else:
-                mine = [*own, POSITION_FILE]
-
-        def part(include: list[str], rank: int | None) -> PartRef:
-            return publish_part(
-                self.directory.checkpoints,
-                self.store or "",
-                head,
-                plan,
-                rank=rank,
-                options=options,
-                include=include,
-                # With a prune after the commit, each rank reads its own part back, so that
-                # the prune need not read every rank's bytes on rank 0 (spec 25.5).
-                verify_it=self.prunes,
-                rest=self.rest,
-            )
-
-        return part(mine, self.rank), part(shared, None) if shared else None
-
-    def _publish_commit(self, snap: Snapshot, plan: CommitPlan, parts: list[PartRef]) -> None:
-        started = time.perf_counter()
-        step = snap.position.step
-        try:
-            result = publish_commit(
-                self.store or "",
-                self.head(snap.position, snap.metrics),
-                plan,
-                parts,
-                self.options,
-                keep_last=self.keep_last,
-                keep_best=self.keep_best,
-                parts_verified=self.prunes and not self.options.encrypt_to,
-            )
-        except RestorePointError as exc:
-            self.uploads.append({"ok": False, "step": step, "error": str(exc)})
-            self.event("upload_failed", step=step, error=exc.message)
-            return
-        seconds = time.perf_counter() - started
-        self.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
-        self.renew_marker()
-        self.event("uploaded", step=step, seconds=round(seconds, 6), parts=len(parts))

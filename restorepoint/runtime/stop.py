@@ -6,7 +6,9 @@ at an effective-batch boundary by every rank at the same step:
 
 1. the resubmit count goes up (the snapshot carries it, so the limit holds on any machine);
 2. the state at the stop is snapshotted, and the snapshot worker, at the process's priority,
-   saves and publishes it; the stop waits for it up to ``upload_timeout``;
+   saves and publishes it; the stop waits for it up to ``upload_timeout`` (a periodic publish
+   still in flight is abandoned where the store deadline holds the stop's publish but not
+   both, runtime/_inflight.py);
 3. the run's status becomes ``preempted`` (``failed`` past ``max_resubmit_attempts``), and the
    handlers that were installed before ours (submitit's requeue) run;
 4. rank 0 says so on stderr, in one line (where the restore point went, or that the store's
@@ -56,6 +58,9 @@ def stop(run: ResumableRun) -> NoReturn:
     store_deadline, theirs = stop_store_deadline(run.upload_timeout)
     set_store_deadline(store_deadline)
     store_deadline_s = round(store_deadline - time.monotonic(), 3)
+    # A periodic publish still in flight is given up where only the stop's can land in time
+    # (runtime/_inflight.py).
+    run.publisher.supersede(run.step)
     finished = run.wait(run.upload_timeout)
     over = limit is not None and run._resubmits > limit
     run._event(

@@ -282,6 +282,7 @@ def ddp_main(argv: list[str]) -> int:
 
         Writer.add = dying_add  # type: ignore[method-assign]
     if args.pack_delay:
+        from restorepoint.runtime import _parts as runtime_parts
         from restorepoint.runtime import publish as runtime_publish
 
         def slow(real: Any) -> Any:
@@ -293,7 +294,7 @@ def ddp_main(argv: list[str]) -> int:
             return slow_publish
 
         runtime_publish.publish = slow(runtime_publish.publish)  # type: ignore[assignment]
-        runtime_publish.publish_part = slow(runtime_publish.publish_part)  # type: ignore[assignment]
+        runtime_parts.publish_part = slow(runtime_parts.publish_part)  # type: ignore[assignment]
     torch.set_num_threads(1)
     if args.world > 1:
         torch.distributed.init_process_group(

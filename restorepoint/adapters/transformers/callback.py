@@ -28,6 +28,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from ...format.metrics import METRIC_NAME
 from ...ops import entry_name, verify
 from ...ops.publish import HeadSpec, PackOptions, Rest, publish
 from ...ops.store import KeepBest
+from ...runtime._inflight import RECENT, InFlight, supersede
 from ...runtime.contract import (
     EXIT_RESUMABLE,
     SIGNING_KEY_ENV,
@@ -105,6 +107,10 @@ class _Done:
     index: dict[str, list[Any]] | None
     url: str | None
     error: str | None
+    #: Abandoned for a stop's newer checkpoint (runtime/_inflight.py): no failure.
+    superseded: bool = False
+    #: The time it took, published and read back (None: not published).
+    seconds: float | None = None
 
 
 def _stage(checkpoint: Path, staging: Path) -> None:
@@ -227,6 +233,10 @@ class RestorePointCallback(TrainerCallback):
         self._done: queue.Queue[_Done] = queue.Queue()
         self._outcomes: dict[int, _Done] = {}
         self._stopping: list[int] | None = None
+        #: The periodic publish in flight, which a stop's checkpoint may supersede; the times
+        #: the publishes took, published and read back (what a stop estimates from).
+        self._flight: InFlight | None = None
+        self._took: list[float] = []
         self._ready: Path | None = None
         self._output_dir = Path(".")
 
@@ -357,6 +367,12 @@ class RestorePointCallback(TrainerCallback):
         error: str | None = None
         index: dict[str, list[Any]] | None = None
         _sweep(job.staging.parent, below=job.step)
+        # A stop's own publish is never given up; a periodic one may be, for a stop's.
+        flight = None if job.stop else InFlight(job.step)
+        self._flight = flight
+        started = time.monotonic()
+        superseded = False
+        took: float | None = None
         try:
             if self.store is not None:
                 try:
@@ -376,6 +392,7 @@ class RestorePointCallback(TrainerCallback):
                         keep_best=self.keep_best,
                         handoff=self.handoff,
                         rest=self._rest,
+                        progress=flight.abandon if flight is not None else None,
                     )
                     # Read back end to end before it counts; the prune after the publish
                     # verifies the run's newest in full, and then it is not read twice.
@@ -384,12 +401,16 @@ class RestorePointCallback(TrainerCallback):
                     if report is None or not any(p.verified == name for p in report.runs):
                         verify(result.url, storage_options=self.options.storage_options)
                     url = result.url
+                    took = time.monotonic() - started
+                    self._took = [*self._took[-RECENT:], took]
                     index = file_index(job.staging, result.manifest)
                     if result.prune_error is not None:
                         self._record("prune_failed", step=job.step, error=str(result.prune_error))
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
-                    log.error(
+                    superseded = flight is not None and flight.abandon.asked
+                    # Abandoned for the stop's checkpoint, which said so: no failure.
+                    (log.info if superseded else log.error)(
                         "publishing checkpoint-%d failed: %s; the store's previous restore "
                         "point stays the newest",
                         job.step,
@@ -402,7 +423,8 @@ class RestorePointCallback(TrainerCallback):
             log.error("checkpoint-%d could not be read: %s", job.step, error)
         finally:
             shutil.rmtree(job.staging, ignore_errors=True)
-            self._done.put(_Done(job, index, url, error))
+            self._flight = None
+            self._done.put(_Done(job, index, url, error, superseded, took))
 
     def _collect(self) -> None:
         """On the training thread (never during the Trainer's rotation): each publish done
@@ -415,7 +437,9 @@ class RestorePointCallback(TrainerCallback):
             job = done.job
             self._outcomes[job.step] = done
             if done.url is not None:
-                self._record("packed", step=job.step, url=done.url)
+                self._record("packed", step=job.step, url=done.url, seconds=done.seconds)
+            elif done.superseded:
+                pass  # ``pack_superseded`` said so when the stop gave it up
             elif self.store is not None:
                 self._record("pack_failed", step=job.step, error=done.error)
             if done.index is None or not job.checkpoint.is_dir():
@@ -484,6 +508,11 @@ class RestorePointCallback(TrainerCallback):
             deadline_from = "supervisor" if theirs else "upload_timeout"
             set_store_deadline(deadline)
             try:
+                # A periodic publish still in flight is given up where only the stop's can
+                # land in time (runtime/_inflight.py).
+                figures = supersede(self._flight, step, self._took, self.options.deadline_margin)
+                if figures is not None:
+                    self._record("pack_superseded", **figures)
                 finished = self.wait(self.upload_timeout)
             finally:
                 set_store_deadline(None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from .faults import _gcs_proxy, _s3_proxy, gcs_fault_proxy, s3_fault_proxy
+from .faults import _gcs_proxy, _s3_proxy, gcs_fault_proxy, s3_capped, s3_fault_proxy
 from .gcs import (
     gcs_bucket,
     gcs_env,
@@ -38,6 +38,7 @@ __all__ = [
     "gcs_server",
     "gcs_storage_options",
     "s3_bucket",
+    "s3_capped",
     "s3_client",
     "s3_env",
     "s3_env_factory",

@@ -35,13 +35,13 @@ import socket
 import struct
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-__all__ = ["FaultProxy", "Faults", "Rule", "gcs_fault_proxy", "s3_fault_proxy"]
+__all__ = ["FaultProxy", "Faults", "Rule", "gcs_fault_proxy", "s3_capped", "s3_fault_proxy"]
 
 KINDS = ("reset", "error", "throttle", "stall", "truncate", "short")
 #: Faults given only by a rule or ``at``, never by a rate.
@@ -380,6 +380,23 @@ def s3_fault_proxy(_s3_proxy: FaultProxy) -> Iterator[FaultProxy]:
     _s3_proxy.set(Faults())
     yield _s3_proxy
     _s3_proxy.set(Faults())
+
+
+@pytest.fixture
+def s3_capped(
+    s3_fault_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[int], dict[str, Any]]:
+    """``cap(bandwidth)``: the storage options of moto's S3 server behind the proxy at
+    ``bandwidth`` bytes a second each way, a slow network. Bytes flow, slowly, so the stall
+    timeout is the default's (20 s), not the short one the tests' environment sets."""
+    from .s3 import s3_options
+
+    def cap(bandwidth: int) -> dict[str, Any]:
+        monkeypatch.delenv("RESTOREPOINT_STORE_STALL_TIMEOUT", raising=False)
+        s3_fault_proxy.set(Faults(bandwidth=bandwidth))
+        return s3_options(s3_fault_proxy.endpoint)
+
+    return cap
 
 
 @pytest.fixture

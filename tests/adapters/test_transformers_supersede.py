@@ -40,15 +40,9 @@ def _large() -> GPT2LMHeadModel:
 
 
 def test_a_stop_abandons_the_periodic_publish_in_flight_where_only_its_own_lands(
-    tmp_path: Path, s3_bucket: str, s3_fault_proxy: Any, monkeypatch: pytest.MonkeyPatch,
-    capfd: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
-    from _servers.faults import Faults
-    from _servers.s3 import s3_options
-
-    monkeypatch.delenv("RESTOREPOINT_STORE_STALL_TIMEOUT", raising=False)
-    s3_fault_proxy.set(Faults(bandwidth=48 << 20))
-    options = s3_options(s3_fault_proxy.endpoint)
+    tmp_path: Path, s3_bucket: str, s3_capped: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    options = s3_capped(48 << 20)
     store = f"s3://{s3_bucket}/hf-supersede/"
     data = dataset()
     rp = RestorePointCallback(store, run=RUN, dataset=data, storage_options=options)

@@ -176,16 +176,9 @@ def _stop_during_a_periodic_publish(
 @pytest.mark.s3
 @pytest.mark.parametrize("background", ["process", "thread"])
 def test_a_stop_abandons_the_publish_in_flight_where_only_its_own_lands_in_time(
-    tmp_path: Path, s3_bucket: str, s3_fault_proxy: Any, monkeypatch: pytest.MonkeyPatch,
-    background: str,
-) -> None:  # fmt: skip
-    from _servers.faults import Faults
-    from _servers.s3 import s3_options
-
-    # Bytes flow, slowly: no stall.
-    monkeypatch.delenv("RESTOREPOINT_STORE_STALL_TIMEOUT", raising=False)
-    s3_fault_proxy.set(Faults(bandwidth=32 << 20))
-    options = s3_options(s3_fault_proxy.endpoint)
+    tmp_path: Path, s3_bucket: str, s3_capped: Any, background: str
+) -> None:
+    options = s3_capped(32 << 20)
     store = f"s3://{s3_bucket}/supersede-{background}/"
     # Two publishes' time: the stop's fits even at half again its estimate, both do not.
     code, stop = _stop_during_a_periodic_publish(
@@ -204,15 +197,9 @@ def test_a_stop_abandons_the_publish_in_flight_where_only_its_own_lands_in_time(
 
 @pytest.mark.s3
 def test_a_stop_whose_deadline_holds_both_publishes_lands_both(
-    tmp_path: Path, s3_bucket: str, s3_fault_proxy: Any, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
-    from _servers.faults import Faults
-    from _servers.s3 import s3_options
-
-    monkeypatch.delenv("RESTOREPOINT_STORE_STALL_TIMEOUT", raising=False)
-    s3_fault_proxy.set(Faults(bandwidth=32 << 20))
-    options = s3_options(s3_fault_proxy.endpoint)
+    tmp_path: Path, s3_bucket: str, s3_capped: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = s3_capped(32 << 20)
     store = f"s3://{s3_bucket}/supersede-both/"
     code, stop = _stop_during_a_periodic_publish(
         tmp_path / "run", store, options, "process", publishes=4.0

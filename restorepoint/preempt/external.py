@@ -14,7 +14,10 @@ A publish that fails is logged and recorded (``upload_failure`` in telemetry,
 ``upload_failed`` in the work directory's events); training goes on, the next snapshot tries
 again, and the checkpoint that failed stays until a later one is published. Snapshots are
 published one at a time on a background thread; one that lands while another is published
-waits, and a newer one replaces it (coalesced).
+waits, and a newer one replaces it (coalesced). Under a store deadline (a stop, or a notice
+with a deadline), the publish in flight is abandoned for the newer snapshot where the time
+left holds the newer's publish but not both (runtime/_inflight.py: ``upload_superseded`` in
+the events), so that the newest state lands rather than an older one.
 
 The loop keeps the run-directory contract in the trainer's work directory: ``trainer.json``
 names the supervisor (which turns SIGUSR1 into the adapter's snapshot request, held until the
@@ -40,6 +43,7 @@ from ..errors import RestorePointError
 from ..ops import verify
 from ..ops.publish import HeadSpec, PackOptions, PublishResult, Rest, publish
 from ..ops.store import KeepBest, entry_name
+from ..runtime._inflight import RECENT, InFlight, supersede
 from ..runtime.contract import RunDirectory
 from ..runtime.worker import SnapshotWorker
 from .telemetry import Telemetry
@@ -88,6 +92,10 @@ class ExternalLoop:
         self._worker: SnapshotWorker[Snapshot] = SnapshotWorker(self._publish, nice=None)
         self._watcher: threading.Thread | None = None
         self._report: Path | None = None
+        #: The publish in flight, which a newer snapshot under a deadline may supersede; the
+        #: times the publishes took, which that choice estimates from.
+        self._flight: InFlight | None = None
+        self._took: list[float] = []
 
     # -- starting and ending -----------------------------------------------------------------
 
@@ -215,12 +223,21 @@ class ExternalLoop:
         self.telemetry.count("checkpoints", step=snap.step)
         self.directory.append_event("snapshot", step=snap.step)
         self._worker.submit(snap)
+        # Under a store deadline only (a stop, a notice with one): the newest should land.
+        figures = supersede(self._flight, snap.step, self._took, self.options.deadline_margin)
+        if figures is not None:
+            log.info(
+                "the publish of step %d is abandoned for step %d: only one lands in time",
+                figures["step"], snap.step,
+            )  # fmt: skip
+            self.directory.append_event("upload_superseded", **figures)
 
     # -- publishing ------------------------------------------------------------------------------
 
     def _publish(self, snap: Snapshot) -> None:
         """Pack, publish, verify, clean: the worker's job for one snapshot. Never raises."""
         started = time.perf_counter()
+        flight = self._flight = InFlight(snap.step)
         try:
             result = publish(
                 snap.root,
@@ -231,16 +248,24 @@ class ExternalLoop:
                 keep_last=self.keep_last,
                 keep_best=self.keep_best,
                 rest=self._rest,
+                progress=flight.abandon,
             )
             self._verify(result)
         except RestorePointError as exc:
+            if flight.abandon.asked:
+                # For a newer snapshot, which ``upload_superseded`` named: no failure.
+                log.info("the snapshot at step %d was not published: %s", snap.step, exc)
+                return
             log.warning("the snapshot at step %d was not published: %s", snap.step, exc)
             self.telemetry.count("upload_failures", step=snap.step, reason=type(exc).__name__)
             self.directory.append_event(
                 "upload_failed", step=snap.step, error_class=type(exc).__name__, error=exc.message
             )
             return
+        finally:
+            self._flight = None
         seconds = time.perf_counter() - started
+        self._took = [*self._took[-RECENT:], seconds]
         self.telemetry.count(
             "uploads", step=snap.step, seconds=seconds, bytes=result.pack.size, kind="checkpoint"
         )

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from ..errors import RestorePointError
 from ..format import Position
 from ..ops.verify import verify
-from ..runtime._inflight import supersede
 
 if TYPE_CHECKING:
     from .accelerate import AccelerateRun
@@ -29,7 +28,7 @@ def final_publish(
         run.worker.unthrottle()
     # One process: a publish in flight is given up where only the stop's can land in time
     # (runtime/_inflight.py); its files are then saved over as soon as it has stopped.
-    figures = supersede(run._flight, position.step, run._took, run.options.deadline_margin)
+    figures = run._flights.supersede(position.step, run.options.deadline_margin)
     if figures is not None:
         log.info("the publish of the state at step %d is abandoned for the stop's: %s",
                  figures["step"], figures)  # fmt: skip

@@ -63,7 +63,7 @@ from ..format import Manifest, Position
 from ..ops import Expectations, describe
 from ..ops.publish import HeadSpec, PackOptions, Rest, publish
 from ..ops.store import KeepBest
-from ..runtime._inflight import RECENT, InFlight
+from ..runtime._inflight import Flights, InFlight
 from ..runtime.contract import (
     EXIT_RESUMABLE,
     KEEP_BEST_ENV,
@@ -222,8 +222,7 @@ class AccelerateRun(Processes):
         self.uploads: list[dict[str, Any]] = []
         #: The worker's publish in flight (one process), which a stop may supersede; the
         #: times the publishes took, which a stop estimates from.
-        self._flight: InFlight | None = None
-        self._took: list[float] = []
+        self._flights = Flights()
         self._url = ""
         self._imported: Manifest | None = None
         self._nice = background_nice
@@ -299,8 +298,7 @@ class AccelerateRun(Processes):
         then the record of the directory: complete whether or not the publish landed."""
         index: dict[str, tuple[int, str]] = {}
         # The worker's publish, with one process: a stop may give it up for its own state.
-        flight = InFlight(job.step) if not raise_errors and self.world == 1 else None
-        self._flight = flight
+        flight = self._flights.begin(job.step) if not raise_errors and self.world == 1 else None
         started = time.monotonic()
         try:
             url = self._publish(job.files, job.head, index, job.stepped, flight)
@@ -319,9 +317,9 @@ class AccelerateRun(Processes):
             )
             return None
         finally:
-            self._flight = None
+            self._flights.end()
         took = time.monotonic() - started
-        self._took = [*self._took[-RECENT:], took]
+        self._flights.landed(took)
         self._record_saved(job, index)
         self.uploads.append({"step": job.step, "ok": True, "url": url, "seconds": took})
         return url

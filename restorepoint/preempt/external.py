@@ -43,7 +43,7 @@ from ..errors import RestorePointError
 from ..ops import verify
 from ..ops.publish import HeadSpec, PackOptions, PublishResult, Rest, publish
 from ..ops.store import KeepBest, entry_name
-from ..runtime._inflight import RECENT, InFlight, supersede
+from ..runtime._inflight import Flights
 from ..runtime.contract import RunDirectory
 from ..runtime.worker import SnapshotWorker
 from .telemetry import Telemetry
@@ -94,8 +94,7 @@ class ExternalLoop:
         self._report: Path | None = None
         #: The publish in flight, which a newer snapshot under a deadline may supersede; the
         #: times the publishes took, which that choice estimates from.
-        self._flight: InFlight | None = None
-        self._took: list[float] = []
+        self._flights = Flights()
 
     # -- starting and ending -----------------------------------------------------------------
 
@@ -224,7 +223,7 @@ class ExternalLoop:
         self.directory.append_event("snapshot", step=snap.step)
         self._worker.submit(snap)
         # Under a store deadline only (a stop, a notice with one): the newest should land.
-        figures = supersede(self._flight, snap.step, self._took, self.options.deadline_margin)
+        figures = self._flights.supersede(snap.step, self.options.deadline_margin)
         if figures is not None:
             log.info(
                 "the publish of step %d is abandoned for step %d: only one lands in time",
@@ -237,7 +236,7 @@ class ExternalLoop:
     def _publish(self, snap: Snapshot) -> None:
         """Pack, publish, verify, clean: the worker's job for one snapshot. Never raises."""
         started = time.perf_counter()
-        flight = self._flight = InFlight(snap.step)
+        flight = self._flights.begin(snap.step)
         try:
             result = publish(
                 snap.root,
@@ -263,9 +262,9 @@ class ExternalLoop:
             )
             return
         finally:
-            self._flight = None
+            self._flights.end()
         seconds = time.perf_counter() - started
-        self._took = [*self._took[-RECENT:], seconds]
+        self._flights.landed(seconds)
         self.telemetry.count(
             "uploads", step=snap.step, seconds=seconds, bytes=result.pack.size, kind="checkpoint"
         )

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ..ops._abandon import Abandon
 from ..storage import deadline_left
 
-__all__ = ["RECENT", "SAFETY", "InFlight", "estimate", "supersede", "supersedes"]
+__all__ = ["RECENT", "SAFETY", "Flights", "InFlight", "estimate", "supersedes"]
 
 #: The run's publishes the estimate looks back on, and the factor on the slowest of them.
 RECENT = 5
@@ -65,29 +65,51 @@ def estimate(seconds: Sequence[float]) -> float | None:
     return SAFETY * max(recent) if recent else None
 
 
-def supersede(
-    flight: InFlight | None, newer: int, seconds: Sequence[float], margin: float
-) -> dict[str, float] | None:
-    """At a stop whose snapshot at step ``newer`` waits, and whose store deadline is set:
-    abandon ``flight`` where ``supersedes`` says so, from ``seconds``, the times the run's
-    publishes took (``estimate``). The figures the choice was made on, for the caller's event;
-    None where the publish in flight (if any) goes on."""
-    if flight is None or flight.step >= newer:
-        return None
-    guess = estimate(seconds)
-    elapsed, left = time.monotonic() - flight.started, deadline_left()
-    if not supersedes(elapsed=elapsed, estimate=guess, left=left, margin=margin):
-        return None
-    assert guess is not None
-    assert left is not None
-    flight.abandon.ask(
-        f"abandoned for the stop's snapshot at step {newer}: the {left:.1f} s before the store "
-        f"deadline hold its publish (at most {guess:.1f} s), not this one's rest before it"
-    )
-    return {
-        "step": flight.step,
-        "by": newer,
-        "elapsed_s": round(elapsed, 3),
-        "estimate_s": round(guess, 3),
-        "deadline_left_s": round(left, 3),
-    }
+class Flights:
+    """One worker's publishes as a stop sees them: the one in flight, which a newer snapshot
+    may supersede, and the times the last ``RECENT`` that landed took. The worker's thread
+    begins, ends and lands them; a stop's thread calls ``supersede``."""
+
+    def __init__(self) -> None:
+        self.flight: InFlight | None = None
+        #: Replaced whole, never changed in place: a stop's thread reads it as it is.
+        self._took: tuple[float, ...] = ()
+
+    def begin(self, step: int) -> InFlight:
+        """The publish of the snapshot at ``step`` starts: the one in flight now."""
+        self.flight = InFlight(step)
+        return self.flight
+
+    def end(self) -> None:
+        """The publish in flight is over, however it ended."""
+        self.flight = None
+
+    def landed(self, seconds: float) -> None:
+        """A publish landed, in ``seconds``: what the next estimates are made from."""
+        self._took = (*self._took[-(RECENT - 1) :], seconds)
+
+    def supersede(self, newer: int, margin: float) -> dict[str, float] | None:
+        """A newer snapshot, at step ``newer``, waits (a stop's, or one under a store
+        deadline): abandon the publish in flight where ``supersedes`` says so, from
+        ``estimate`` of the times the publishes took. The figures the choice was made on, for
+        the caller's event; None where the publish in flight (if any) goes on."""
+        flight = self.flight
+        if flight is None or flight.step >= newer:
+            return None
+        guess = estimate(self._took)
+        elapsed, left = time.monotonic() - flight.started, deadline_left()
+        if not supersedes(elapsed=elapsed, estimate=guess, left=left, margin=margin):
+            return None
+        assert guess is not None
+        assert left is not None
+        flight.abandon.ask(
+            f"abandoned for the snapshot at step {newer}: the {left:.1f} s before the store "
+            f"deadline hold its publish (at most {guess:.1f} s), not this one's rest before it"
+        )
+        return {
+            "step": flight.step,
+            "by": newer,
+            "elapsed_s": round(elapsed, 3),
+            "estimate_s": round(guess, 3),
+            "deadline_left_s": round(left, 3),
+        }

@@ -45,7 +45,7 @@ from ..ops.publish_process import available as process_available
 from ..ops.resumed import ResumeMarker
 from ..ops.store import KeepBest
 from ..storage import deadline_left
-from ._inflight import InFlight, supersede
+from ._inflight import Flights, InFlight
 from ._parts import save_and_publish_part
 from .contract import POSITION_FILE, RunDirectory
 from .snapshot_file import SnapshotImage
@@ -169,7 +169,7 @@ class Publisher:
         self._nice_lock = threading.Lock()
         #: The publish in flight (one process, a store), which a stop's newer snapshot may
         #: supersede (``supersede``); None between publishes.
-        self._flight: InFlight | None = None
+        self._flights = Flights()
         #: The publish in a process of its own (``background`` "process", or "auto" on Linux
         #: without encryption: one process, a store); None: on the worker's thread. Started by
         #: ``prepare`` on the worker's thread, which outlives every publish (the child dies
@@ -238,8 +238,7 @@ class Publisher:
         """A stop's snapshot at step ``newer`` waits: abandon the publish in flight where the
         store deadline holds the stop's publish but not that one's rest before it
         (runtime/_inflight.py). Said in the ``upload_superseded`` event."""
-        seconds = [u["seconds"] for u in self.uploads if u.get("ok")]
-        figures = supersede(self._flight, newer, seconds, self.options.deadline_margin)
+        figures = self._flights.supersede(newer, self.options.deadline_margin)
         if figures is not None:
             self.event("upload_superseded", **figures)
 
@@ -402,8 +401,7 @@ class Publisher:
     ) -> None:
         started = time.perf_counter()
         step = snap.position.step
-        flight = InFlight(step) if self.world == 1 else None
-        self._flight = flight
+        flight = self._flights.begin(step) if self.world == 1 else None
         try:
             result = self._published(snap, memory, save, flight)
         except RestorePointError as exc:
@@ -419,8 +417,9 @@ class Publisher:
             )
             return
         finally:
-            self._flight = None
+            self._flights.end()
         seconds = time.perf_counter() - started
+        self._flights.landed(seconds)
         upload = {"ok": True, "step": step, "url": result.url, "seconds": seconds}
         extra: dict[str, Any] = {}
         if result.incremental is not None:

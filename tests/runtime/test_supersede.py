@@ -22,7 +22,8 @@ from restorepoint.ops import HeadSpec, PackOptions  # noqa: E402
 from restorepoint.ops._abandon import Abandon  # noqa: E402
 from restorepoint.ops._publish_child import _Child  # noqa: E402
 from restorepoint.ops.publish import publish  # noqa: E402
-from restorepoint.runtime._inflight import RECENT, SAFETY, estimate, supersedes  # noqa: E402
+from restorepoint.runtime._inflight import RECENT, SAFETY, Flights, estimate, supersedes  # noqa: E402
+from restorepoint.storage import store_deadline  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 
 CONFIG = {"lr": 0.01, "seed": 5}
@@ -52,6 +53,28 @@ def test_a_publish_is_estimated_at_half_again_the_slowest_of_the_runs_last_five(
     assert estimate([2.0, 3.0]) == SAFETY * 3.0 == 4.5
     # Only the last RECENT count: an early slow publish (a cold store) is forgotten.
     assert estimate([10.0] + [1.0] * RECENT) == SAFETY * 1.0
+
+
+def test_a_workers_flights_supersede_from_their_last_five_and_only_an_older_step() -> None:
+    """The worker's record: a publish that landed long ago (a cold store, 10 s) no longer
+    counts after five more (1 s each); the one in flight is given up for a newer step only,
+    and a publish that has ended is past giving up."""
+    flights = Flights()
+    for seconds in [10.0] + [1.0] * RECENT:
+        flights.landed(seconds)
+    flight = flights.begin(7)
+    # 3.5 s left, 1 s margin: the newer's 1.5 s fits, its 1.5 s after this one's does not.
+    with store_deadline(time.monotonic() + 3.5):
+        assert flights.supersede(7, margin=1.0) is None  # the same step: nothing newer
+        figures = flights.supersede(8, margin=1.0)
+    assert figures is not None
+    assert (figures["step"], figures["by"], figures["estimate_s"]) == (7, 8, SAFETY * 1.0)
+    assert flight.abandon.asked
+    with pytest.raises(RestorePointError, match="abandoned for the snapshot at step 8"):
+        flight.abandon.check()
+    flights.end()
+    with store_deadline(time.monotonic() + 3.5):
+        assert flights.supersede(9, margin=1.0) is None
 
 
 def _tree(path: Path) -> dict[str, bytes]:

@@ -41,7 +41,7 @@ from ...format.metrics import METRIC_NAME
 from ...ops import entry_name, verify
 from ...ops.publish import HeadSpec, PackOptions, Rest, publish
 from ...ops.store import KeepBest
-from ...runtime._inflight import RECENT, InFlight, supersede
+from ...runtime._inflight import Flights
 from ...runtime.contract import (
     EXIT_RESUMABLE,
     SIGNING_KEY_ENV,
@@ -235,8 +235,7 @@ class RestorePointCallback(TrainerCallback):
         self._stopping: list[int] | None = None
         #: The periodic publish in flight, which a stop's checkpoint may supersede; the times
         #: the publishes took, published and read back (what a stop estimates from).
-        self._flight: InFlight | None = None
-        self._took: list[float] = []
+        self._flights = Flights()
         self._ready: Path | None = None
         self._output_dir = Path(".")
 
@@ -368,8 +367,7 @@ class RestorePointCallback(TrainerCallback):
         index: dict[str, list[Any]] | None = None
         _sweep(job.staging.parent, below=job.step)
         # A stop's own publish is never given up; a periodic one may be, for a stop's.
-        flight = None if job.stop else InFlight(job.step)
-        self._flight = flight
+        flight = None if job.stop else self._flights.begin(job.step)
         started = time.monotonic()
         superseded = False
         took: float | None = None
@@ -402,7 +400,7 @@ class RestorePointCallback(TrainerCallback):
                         verify(result.url, storage_options=self.options.storage_options)
                     url = result.url
                     took = time.monotonic() - started
-                    self._took = [*self._took[-RECENT:], took]
+                    self._flights.landed(took)
                     index = file_index(job.staging, result.manifest)
                     if result.prune_error is not None:
                         self._record("prune_failed", step=job.step, error=str(result.prune_error))
@@ -423,7 +421,7 @@ class RestorePointCallback(TrainerCallback):
             log.error("checkpoint-%d could not be read: %s", job.step, error)
         finally:
             shutil.rmtree(job.staging, ignore_errors=True)
-            self._flight = None
+            self._flights.end()
             self._done.put(_Done(job, index, url, error, superseded, took))
 
     def _collect(self) -> None:
@@ -510,7 +508,7 @@ class RestorePointCallback(TrainerCallback):
             try:
                 # A periodic publish still in flight is given up where only the stop's can
                 # land in time (runtime/_inflight.py).
-                figures = supersede(self._flight, step, self._took, self.options.deadline_margin)
+                figures = self._flights.supersede(step, self.options.deadline_margin)
                 if figures is not None:
                     self._record("pack_superseded", **figures)
                 finished = self.wait(self.upload_timeout)

@@ -42,7 +42,7 @@ def exit_if_completed(run: ResumableRun, previous: Mapping[str, Any]) -> None:
     done = previous.get("status") == "completed"
     if run._world > 1:
         flag = torch.tensor([int(done)], dtype=torch.int64)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=run._control)
         done = bool(flag[0])
     if not done:
         return

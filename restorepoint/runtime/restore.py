@@ -132,7 +132,7 @@ def _newest_snapshot(run: ResumableRun) -> tuple[Path | None, str, Landing | Non
         # that lost its disk) leaves the run directories at other steps, and then only the
         # store has a snapshot of every rank.
         steps = [None] * run._world
-        torch.distributed.all_gather_object(steps, local_step, group=run._group)
+        torch.distributed.all_gather_object(steps, local_step, group=run._control)
         if len(set(steps)) > 1:
             log.warning("the ranks' run directories hold steps %s: not resuming from them", steps)
             local_step = -1

@@ -237,9 +237,22 @@ class ResumableRun:
         # thread; the parts are gathered on a group of their own (gloo, whatever the training
         # backend), so that the training thread's collectives never meet the worker's.
         self._group: Any = None
+        # The training thread's own agreements (the flags at each boundary, a run already
+        # completed, the resume's step, the stop's barrier) go on a second gloo group: the
+        # default group may carry no CPU tensor (an NCCL job's has no CPU backend), and the
+        # worker's group is the worker thread's. Its timeout covers a rank that waits at the
+        # stop's barrier for the others' publishes.
+        self._control: Any = None
         if self._world > 1:
             self._group = torch.distributed.new_group(
                 backend="gloo", timeout=datetime.timedelta(seconds=max(upload_timeout, 60.0))
+            )
+            self._control = torch.distributed.new_group(
+                backend="gloo",
+                timeout=max(
+                    torch.distributed.default_pg_timeout,
+                    datetime.timedelta(seconds=upload_timeout + 60.0),
+                ),
             )
         self.publisher = Publisher(
             self.directory,
@@ -345,7 +358,7 @@ class ResumableRun:
     def _barrier(self) -> None:
         # Without a process group a barrier is a no-op, so one process runs the same loop.
         if self._world > 1:
-            torch.distributed.barrier()
+            torch.distributed.barrier(group=self._control)
 
     # -- context -----------------------------------------------------------------------------
 
@@ -544,7 +557,7 @@ class ResumableRun:
         snapshot, stop = self.flags.snapshot, self.flags.stop
         if self._world > 1:
             t = torch.tensor([int(snapshot), int(stop)], dtype=torch.int64)
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self._control)
             snapshot, stop = bool(t[0]), bool(t[1])
         return snapshot, stop
 

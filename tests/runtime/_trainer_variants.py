@@ -265,6 +265,11 @@ def ddp_main(argv: list[str]) -> int:
     )
     parser.add_argument("--ddp-option", action="append", default=[], help="NAME=true|false")
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds per step")
+    parser.add_argument(
+        "--backend",
+        default="gloo",
+        help="the default group's backend: \"cuda:gloo\" carries no CPU tensor, as NCCL's does not",
+    )
     args = parser.parse_args(argv)
     args.out = Path(args.out.format(rank=args.rank))
     if args.root_per_rank:
@@ -298,8 +303,14 @@ def ddp_main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     if args.world > 1:
         torch.distributed.init_process_group(
-            "gloo", init_method=args.init, rank=args.rank, world_size=args.world
+            args.backend, init_method=args.init, rank=args.rank, world_size=args.world
         )
+        if args.backend != "gloo":
+            try:
+                torch.distributed.all_reduce(torch.zeros(1))
+            except RuntimeError as exc:
+                # What an NCCL job's default group answers a CPU tensor.
+                print(f"the default group refuses a CPU tensor: {exc}", flush=True)
     config = copy.deepcopy(CONFIG)
     # Every rank sees its own data (same order, other samples), as a sharded loader gives.
     data = IndexedData(config, offset=args.rank)
@@ -320,7 +331,7 @@ def ddp_main(argv: list[str]) -> int:
             torch.manual_seed(run.seed + 1000 * args.rank)
             model = objects["model"]
             net: torch.nn.Module = model
-            if torch.distributed.is_initialized():
+            if torch.distributed.is_initialized() and args.backend == "gloo":
                 options = {k: v == "true" for k, v in (o.split("=") for o in args.ddp_option)}
                 net = torch.nn.parallel.DistributedDataParallel(model, **options)
             optimizer, scheduler = objects["optimizer"], objects["scheduler"]

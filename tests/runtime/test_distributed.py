@@ -3,7 +3,8 @@ choose): a DDP model on ResumableRun with a store. A stop requested on rank 0 on
 both ranks, which exit 42 at the same step; one restore point holds both ranks' files (a part
 each, spec section 25); a
 2-rank resume ends bit for bit where an uninterrupted 2-rank run ends, from the run directory
-and from the store on a fresh machine. Without a process group the same code runs alone."""
+and from the store on a fresh machine. A default group that carries no CPU tensor (an NCCL
+job's) is never the runtime's. Without a process group the same code runs alone."""
 
 from __future__ import annotations
 
@@ -134,6 +135,38 @@ def test_stop_on_rank_0_is_agreed_published_once_and_resumes_bit_for_bit(
     for tag in ("local", "store"):
         for r in (0, 1):
             tv.assert_same_state(final(reference, "ref", r), final(tmp_path, tag, r), f"{tag}{r}")
+
+
+def test_a_default_group_that_carries_no_cpu_tensor_is_never_the_runtimes(tmp_path: Path) -> None:
+    """An NCCL job's default group has no CPU backend: a collective of a CPU tensor on it
+    raises. "cuda:gloo" is such a group on a machine without a GPU. The runtime's own
+    agreements (a completed run, the flags at each boundary, the resume's step, the stop's
+    barrier) and its parts' go on gloo groups of its own: a stop on rank 0 is agreed, both
+    ranks exit 42 with one commit, and a fresh machine resumes from the store and ends bit for
+    bit where an uninterrupted run of the same job ends. (The trainer does no collective of
+    its own on CPU tensors, as an NCCL job's are on the GPU: no DDP here.)"""
+    cpu_less = ("--backend", "cuda:gloo")
+    store = f"{tmp_path / 'store'}/"
+    ranks = launch(tmp_path, "pre", "--root", str(tmp_path / "runs"), "--store", store,
+                   "--stop-at", "5", *cpu_less)  # fmt: skip
+    assert [r.code for r in ranks] == [42, 42], ranks[0].err + ranks[1].err
+    for r in ranks:
+        assert r.out[0].startswith("the default group refuses a CPU tensor: No backend type")
+        assert r.out[-1] == "exit 42 at step 5"
+    (entry,) = list_store(store)
+    assert entry.step == 5
+    # A part a rank, and the shared part (the position, and what the ranks hold alike).
+    parts = [p.manifest.part.rank for p in verify(entry.url).parts if p.manifest.part]
+    assert sorted(parts, key=str) == [0, 1, None]
+
+    fresh = launch(tmp_path, "b", "--root", str(tmp_path / "machine-b"), "--store", store,
+                   *cpu_less)  # fmt: skip
+    assert [r.code for r in fresh] == [0, 0], fresh[0].err + fresh[1].err
+    assert all("resumed 5 0 5" in r.out and r.out[-1] == f"step {TOTAL}" for r in fresh)
+    whole = launch(tmp_path, "whole", "--root", str(tmp_path / "whole"), *cpu_less)
+    assert [r.code for r in whole] == [0, 0], whole[0].err + whole[1].err
+    for r in (0, 1):
+        tv.assert_same_state(final(tmp_path, "whole", r), final(tmp_path, "b", r), f"rank {r}")
 
 
 def test_without_a_process_group_the_same_code_runs_alone(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -113,6 +113,7 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
     verify_it: bool = False,
     files_out: dict[str, tuple[int, str]] | None = None,
     rest: Rest | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> PartRef:
     """Pack ``source`` (or its files ``include``) as the part of ``rank`` (None: the part all
     ranks share) of the commit ``plan`` describes, create-only under the commit's parts
@@ -123,7 +124,9 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
     spec 28.7) is checked so, or without ``verify_it`` its bases are (bounded); when that
     fails, a full part is published in its place. ``files_out``
     is filled with each packed file's size and sha256, as the part's index says them.
-    ``rest``: the rank's publisher's rest, kept across its parts (spec 28.4, 28.7)."""
+    ``rest``: the rank's publisher's rest, kept across its parts (spec 28.4, 28.7).
+    ``progress``: the pack's hook, called with each chunk's bytes (a publish that may be
+    abandoned raises there: ``ops._abandon``)."""
     if rank is not None and not 0 <= rank < plan.world_size:
         raise UsageError(f"rank {rank} is not below the world size {plan.world_size}")
     location = _store(store, options.storage_options)
@@ -138,6 +141,7 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
         create_only=True,
         include=include,
         rest=rest,
+        progress=progress,
     )
     try:
         _check_part(target, result, verify_it=verify_it and not options.encrypt_to)
@@ -155,6 +159,7 @@ def publish_part(  # noqa: PLR0913 - the part's source, store, head, plan, rank 
             into_store=False,
             create_only=True,
             include=include,
+            progress=progress,
         )
         _check_part(target, result, verify_it=verify_it and not options.encrypt_to)
     if files_out is not None and result.manifest.payload is not None:

@@ -14,18 +14,22 @@ A publish of the run is estimated to take half again as long as the slowest of i
 1 GiB: a stop's publish took 1.1x to 1.6x the run's first, docs/performance.md),
 and a publish abandoned for a stop's that then misses its deadline leaves the store the
 restore point before both. The estimate errs on the long side, so that abandoning is done only
-where the stop's publish fits with room to spare."""
+where the stop's publish fits with room to spare.
+
+With a process group a snapshot is a commit of every rank's part, which lands once the slowest
+rank's part is in: the ranks choose together (``agreed``), each from every rank's ``view``,
+and either all give up the publish in flight or none does."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..ops._abandon import Abandon
 from ..storage import deadline_left
 
-__all__ = ["RECENT", "SAFETY", "Flights", "InFlight", "estimate", "supersedes"]
+__all__ = ["RECENT", "SAFETY", "Flights", "InFlight", "agreed", "estimate", "supersedes"]
 
 #: The run's publishes the estimate looks back on, and the factor on the slowest of them.
 RECENT = 5
@@ -53,9 +57,37 @@ def supersedes(
     stop's does not. A publish in flight past its estimate is taken to be about to land."""
     if estimate is None or left is None:
         return False
-    room = left - margin
-    rest = max(0.0, estimate - elapsed)
+    return _worth(max(0.0, estimate - elapsed), estimate, left - margin)
+
+
+def _worth(rest: float, estimate: float, room: float) -> bool:
+    """The rule: the stop's publish fits ``room``, the rest of the one in flight followed by
+    the stop's does not."""
     return estimate <= room < rest + estimate
+
+
+def agreed(views: Sequence[Mapping[str, float] | None], margin: float) -> dict[str, float] | None:
+    """Whether the ranks give up the publish in flight together, from every rank's ``view``
+    (``Flights.view``): only where every rank has a publish of the same step in flight and
+    knows its estimate. The commit lands with the slowest rank's part, so the rule is applied
+    to the longest estimate, the longest rest and the shortest time left. The figures the
+    choice was made on, or None: none gives it up."""
+    if not views or any(v is None for v in views):
+        return None
+    known = [v for v in views if v is not None]
+    if len({v["step"] for v in known}) != 1:
+        return None
+    guess = max(v["estimate_s"] for v in known)
+    rest = max(max(0.0, v["estimate_s"] - v["elapsed_s"]) for v in known)
+    left = min(v["deadline_left_s"] for v in known)
+    if not _worth(rest, guess, left - margin):
+        return None
+    return {
+        "step": known[0]["step"],
+        "elapsed_s": round(max(v["elapsed_s"] for v in known), 3),
+        "estimate_s": round(guess, 3),
+        "deadline_left_s": round(left, 3),
+    }
 
 
 def estimate(seconds: Sequence[float]) -> float | None:
@@ -87,6 +119,35 @@ class Flights:
     def landed(self, seconds: float) -> None:
         """A publish landed, in ``seconds``: what the next estimates are made from."""
         self._took = (*self._took[-(RECENT - 1) :], seconds)
+
+    def view(self, newer: int) -> dict[str, float] | None:
+        """This worker's side of the ranks' choice (``agreed``) for a newer snapshot at step
+        ``newer``: the step of the publish in flight, the seconds it has run, the estimate
+        and the seconds left before the store deadline. None where there is nothing to give
+        up (no publish in flight, or not an older one) or nothing known (no estimate yet, no
+        deadline)."""
+        flight, guess, left = self.flight, estimate(self._took), deadline_left()
+        if flight is None or flight.step >= newer or guess is None or left is None:
+            return None
+        return {
+            "step": flight.step,
+            "elapsed_s": time.monotonic() - flight.started,
+            "estimate_s": guess,
+            "deadline_left_s": left,
+        }
+
+    def give_up(self, newer: int, figures: Mapping[str, float]) -> bool:
+        """Abandon the publish in flight for the snapshot at ``newer``, as the ranks agreed
+        on ``figures``; False where it has ended meanwhile (or is another step's)."""
+        flight = self.flight
+        if flight is None or flight.step != figures["step"]:
+            return False
+        flight.abandon.ask(
+            f"abandoned for the snapshot at step {newer}: the {figures['deadline_left_s']:.1f} "
+            f"s before the store deadline hold its publish (at most "
+            f"{figures['estimate_s']:.1f} s on the slowest rank), not this one's rest before it"
+        )
+        return True
 
     def supersede(self, newer: int, margin: float) -> dict[str, float] | None:
         """A newer snapshot, at step ``newer``, waits (a stop's, or one under a store

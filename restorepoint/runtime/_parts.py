@@ -1,5 +1,6 @@
 """A ResumableRun's snapshot with a process group (runtime/publish.py's ``Publisher`` for
-one process): a part per rank, then rank 0's commit (spec section 25)."""
+one process): a part per rank, then rank 0's commit (spec section 25); and a stop's choice,
+made by every rank together, to give up the publish in flight (runtime/_inflight.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from ..errors import RestorePointError
 from ..format import PartRef
 from ..ops.parts import CommitPlan, publish_commit, publish_part
+from ._inflight import InFlight, agreed
 from .contract import POSITION_FILE
 from .state import remove_other_shared, shared_file, split_shared, state_digest
 from .worker import Snapshot
@@ -19,7 +21,7 @@ from .worker import Snapshot
 if TYPE_CHECKING:
     from .publish import Publisher
 
-__all__ = ["save_and_publish_part"]
+__all__ = ["save_and_publish_part", "supersede_parts"]
 
 log = logging.getLogger("restorepoint.torch")
 
@@ -36,7 +38,34 @@ def save_and_publish_part(pub: Publisher, snap: Snapshot) -> None:
     rank's part (rank 0: and the shared part), then rank 0, once every part is in, the
     commit. Every rank takes part in every collective, whatever fails on the way: a rank
     that fails (or dies: the collective then fails) leaves no commit, and the previous
-    restore point stays the newest."""
+    restore point stays the newest. A stop's newer snapshot may give up the rank's part in
+    flight (``supersede_parts``: every rank does, or none): the parts then fail, no commit is
+    made, and it is recorded as superseded, not as a failure."""
+    started = time.perf_counter()
+    flight = pub._flights.begin(snap.position.step)
+    try:
+        if _job(pub, snap, flight):
+            pub._flights.landed(time.perf_counter() - started)
+    finally:
+        pub._flights.end()
+
+
+def supersede_parts(pub: Publisher, newer: int, group: Any) -> dict[str, float] | None:
+    """A stop's snapshot at step ``newer``, on every rank's training thread at the same
+    boundary (a collective on ``group``): every rank's view of its part in flight gathered,
+    and where ``agreed`` says so, every rank gives it up. The figures the choice was made on
+    (with ``by``), or None."""
+    views: list[Any] = [None] * pub.world
+    torch.distributed.all_gather_object(views, pub._flights.view(newer), group=group)
+    figures = agreed(views, pub.options.deadline_margin)
+    if figures is None or not pub._flights.give_up(newer, figures):
+        return None
+    return {**figures, "by": newer}
+
+
+def _job(pub: Publisher, snap: Snapshot, flight: InFlight) -> bool:
+    """``save_and_publish_part``'s work; whether the rank's publish landed (rank 0: the
+    commit; another rank: every part in), which is what the next estimates are made of."""
     box = [CommitPlan.new(pub.world).to_dict() if pub.is_main else None]
     torch.distributed.broadcast_object_list(box, src=0, group=pub.group)
     assert isinstance(box[0], dict)
@@ -66,34 +95,47 @@ def save_and_publish_part(pub: Publisher, snap: Snapshot) -> None:
         if shared:
             remove_other_shared(checkpoints, common[0])
         if pub.store is not None:
-            refs = _publish_parts(pub, snap, plan, own, common)
+            refs = _publish_parts(pub, snap, plan, own, common, flight)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-        log.warning("snapshot at step %d failed: %s", snap.position.step, error)
+        if not flight.abandon.asked:
+            log.warning("snapshot at step %d failed: %s", snap.position.step, error)
         if not saved:
             pub.save_errors[snap.position.step] = str(exc)
     if pub.store is None:
-        return
+        return False
     gathered = _gather(pub, (refs, error))
     step = snap.position.step
-    if not pub.is_main:
-        if error:
-            pub.event("upload_failed", step=step, error=error)
-        return
     failed = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]
+    if not pub.is_main:
+        if error and not flight.abandon.asked:
+            pub.event("upload_failed", step=step, error=error)
+        return not failed
+    if failed and flight.abandon.asked:
+        # Every rank gave it up for a stop's newer snapshot (``supersede_parts`` said so).
+        pub.uploads.append(
+            {"ok": False, "step": step, "error": "; ".join(failed), "superseded": True}
+        )
+        return False
     if failed:
         pub.uploads.append({"ok": False, "step": step, "error": "; ".join(failed)})
         pub.event("upload_failed", step=step, error="; ".join(failed))
-        return
+        return False
     parts = [ref for pair, _ in gathered for ref in pair if ref is not None]
-    _publish_commit(pub, snap, plan, parts)
+    return _publish_commit(pub, snap, plan, parts)
 
 
-def _publish_parts(
-    pub: Publisher, snap: Snapshot, plan: CommitPlan, own: list[str], common: list[str]
+def _publish_parts(  # noqa: PLR0913, PLR0917 - the snapshot, its commit, its files, its flight
+    pub: Publisher,
+    snap: Snapshot,
+    plan: CommitPlan,
+    own: list[str],
+    common: list[str],
+    flight: InFlight,
 ) -> tuple[PartRef | None, PartRef | None]:
     """This rank's part; on rank 0 also the shared part (the shared state and the
-    position), or the position in its own part when nothing is shared."""
+    position), or the position in its own part when nothing is shared. Each pack raises at
+    its next chunk once ``flight`` is given up."""
     head = pub.head(snap.position, snap.metrics)
     options = pub._options()
     mine, shared = own, None
@@ -116,12 +158,13 @@ def _publish_parts(
             # the prune need not read every rank's bytes on rank 0 (spec 25.5).
             verify_it=pub.prunes,
             rest=pub.rest,
+            progress=flight.abandon,
         )
 
     return part(mine, pub.rank), part(shared, None) if shared else None
 
 
-def _publish_commit(pub: Publisher, snap: Snapshot, plan: CommitPlan, parts: list[PartRef]) -> None:
+def _publish_commit(pub: Publisher, snap: Snapshot, plan: CommitPlan, parts: list[PartRef]) -> bool:
     started = time.perf_counter()
     step = snap.position.step
     try:
@@ -138,8 +181,9 @@ def _publish_commit(pub: Publisher, snap: Snapshot, plan: CommitPlan, parts: lis
     except RestorePointError as exc:
         pub.uploads.append({"ok": False, "step": step, "error": str(exc)})
         pub.event("upload_failed", step=step, error=exc.message)
-        return
+        return False
     seconds = time.perf_counter() - started
     pub.uploads.append({"ok": True, "step": step, "url": result.url, "seconds": seconds})
     pub.renew_marker()
     pub.event("uploaded", step=step, seconds=round(seconds, 6), parts=len(parts))
+    return True

@@ -46,7 +46,7 @@ from ..ops.resumed import ResumeMarker
 from ..ops.store import KeepBest
 from ..storage import deadline_left
 from ._inflight import Flights, InFlight
-from ._parts import save_and_publish_part
+from ._parts import save_and_publish_part, supersede_parts
 from .contract import POSITION_FILE, RunDirectory
 from .snapshot_file import SnapshotImage
 from .state import (
@@ -167,8 +167,8 @@ class Publisher:
         self._saver: int | None = None
         self._unthrottled = False
         self._nice_lock = threading.Lock()
-        #: The publish in flight (one process, a store), which a stop's newer snapshot may
-        #: supersede (``supersede``); None between publishes.
+        #: The publish in flight, which a stop's newer snapshot may supersede
+        #: (``supersede``); None between publishes.
         self._flights = Flights()
         #: The publish in a process of its own (``background`` "process", or "auto" on Linux
         #: without encryption: one process, a store); None: on the worker's thread. Started by
@@ -234,11 +234,16 @@ class Publisher:
         if self.process is not None:
             self.process.unthrottle()
 
-    def supersede(self, newer: int) -> None:
+    def supersede(self, newer: int, group: Any = None) -> None:
         """A stop's snapshot at step ``newer`` waits: abandon the publish in flight where the
         store deadline holds the stop's publish but not that one's rest before it
-        (runtime/_inflight.py). Said in the ``upload_superseded`` event."""
-        figures = self._flights.supersede(newer, self.options.deadline_margin)
+        (runtime/_inflight.py). With a process group, every rank calls it at the same
+        boundary, and the ranks choose together on ``group`` (the training thread's).
+        Said in the ``upload_superseded`` event."""
+        if self.world > 1:
+            figures = supersede_parts(self, newer, group) if self.store is not None else None
+        else:
+            figures = self._flights.supersede(newer, self.options.deadline_margin)
         if figures is not None:
             self.event("upload_superseded", **figures)
 

@@ -49,7 +49,11 @@ def stop(run: ResumableRun) -> NoReturn:
     # Counted before the snapshot: the restore point carries it, so that the limit holds
     # on whichever machine resumes next.
     run._resubmits += 1
-    run.snapshot()
+    # With a process group a snapshot waits for the publish in flight (every rank publishes
+    # its parts in order): the choice to give that one up comes first.
+    ranks = run._world > 1
+    if not ranks:
+        run.snapshot()
     # One upload_timeout for the whole stop: __exit__ waits only for what is left of it.
     run._upload_deadline = time.monotonic() + run.upload_timeout
     # The store's retries too (storage/_retry.py): no wait past the deadline; under a
@@ -59,9 +63,13 @@ def stop(run: ResumableRun) -> NoReturn:
     set_store_deadline(store_deadline)
     store_deadline_s = round(store_deadline - time.monotonic(), 3)
     # A periodic publish still in flight is given up where only the stop's can land in time
-    # (runtime/_inflight.py).
-    run.publisher.supersede(run.step)
-    finished = run.wait(run.upload_timeout)
+    # (runtime/_inflight.py); with a process group, by every rank together.
+    run.publisher.supersede(run.step, run._control)
+    wait = run.upload_timeout
+    if ranks:
+        run.snapshot()
+        wait = max(0.0, run._upload_deadline - time.monotonic())
+    finished = run.wait(wait)
     over = limit is not None and run._resubmits > limit
     run._event(
         "graceful_shutdown",

@@ -266,6 +266,10 @@ def ddp_main(argv: list[str]) -> int:
     parser.add_argument("--ddp-option", action="append", default=[], help="NAME=true|false")
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds per step")
     parser.add_argument(
+        "--chunk-delay", type=float, help="seconds a part's pack waits at each chunk: a slow store"
+    )
+    parser.add_argument("--upload-timeout", type=float, default=300.0)
+    parser.add_argument(
         "--backend",
         default="gloo",
         help="the default group's backend: \"cuda:gloo\" carries no CPU tensor, as NCCL's does not",
@@ -300,6 +304,22 @@ def ddp_main(argv: list[str]) -> int:
 
         runtime_publish.publish = slow(runtime_publish.publish)  # type: ignore[assignment]
         runtime_parts.publish_part = slow(runtime_parts.publish_part)  # type: ignore[assignment]
+    if args.chunk_delay:
+        from restorepoint.runtime import _parts as runtime_parts
+
+        real_part = runtime_parts.publish_part
+
+        def slow_part(*a: Any, progress: Any = None, **k: Any) -> Any:
+            def slow(n: int) -> None:
+                # A store that takes its time over each chunk: the pack's hook, where a
+                # publish that is given up raises, runs after the wait.
+                time.sleep(args.chunk_delay)
+                if progress is not None:
+                    progress(n)
+
+            return real_part(*a, progress=slow, **k)
+
+        runtime_parts.publish_part = slow_part  # type: ignore[assignment]
     torch.set_num_threads(1)
     if args.world > 1:
         torch.distributed.init_process_group(
@@ -323,6 +343,7 @@ def ddp_main(argv: list[str]) -> int:
             store=args.store,
             operational=OPERATIONAL,
             snapshot_every=args.snapshot_every,
+            upload_timeout=args.upload_timeout,
         ) as run:
             random.seed(run.seed + args.rank)
             np.random.seed(run.seed + args.rank)

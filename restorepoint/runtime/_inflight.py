@@ -44,6 +44,14 @@ class InFlight:
     step: int
     started: float = field(default_factory=time.monotonic)
     abandon: Abandon = field(default_factory=Abandon)
+    #: Given up as the run was left after a stop whose publish missed its time
+    #: (``Flights.close``), not for a newer snapshot.
+    closed: bool = False
+
+    @property
+    def superseded(self) -> bool:
+        """Given up for a newer snapshot (``Flights.supersede``, ``give_up``)."""
+        return self.abandon.asked and not self.closed
 
 
 def supersedes(
@@ -106,11 +114,27 @@ class Flights:
         self.flight: InFlight | None = None
         #: Replaced whole, never changed in place: a stop's thread reads it as it is.
         self._took: tuple[float, ...] = ()
+        #: Why every publish is given up from now on (``close``); None: none is.
+        self._closed: str | None = None
 
     def begin(self, step: int) -> InFlight:
-        """The publish of the snapshot at ``step`` starts: the one in flight now."""
-        self.flight = InFlight(step)
-        return self.flight
+        """The publish of the snapshot at ``step`` starts: the one in flight now (given up
+        before its first chunk once the flights are closed)."""
+        flight = self.flight = InFlight(step)
+        why = self._closed
+        if why is not None:
+            flight.closed = True
+            flight.abandon.ask(why)
+        return flight
+
+    def close(self, why: str) -> None:
+        """Give up the publish in flight, at its next chunk, and every later one before its
+        first: the run is being left after a stop whose publish did not land in time."""
+        self._closed = why
+        flight = self.flight
+        if flight is not None:
+            flight.closed = True
+            flight.abandon.ask(why)
 
     def end(self) -> None:
         """The publish in flight is over, however it ended."""

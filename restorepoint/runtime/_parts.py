@@ -98,7 +98,7 @@ def _job(pub: Publisher, snap: Snapshot, flight: InFlight) -> bool:
             refs = _publish_parts(pub, snap, plan, own, common, flight)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-        if not flight.abandon.asked:
+        if not flight.superseded:
             log.warning("snapshot at step %d failed: %s", snap.position.step, error)
         if not saved:
             pub.save_errors[snap.position.step] = str(exc)
@@ -108,10 +108,10 @@ def _job(pub: Publisher, snap: Snapshot, flight: InFlight) -> bool:
     step = snap.position.step
     failed = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]
     if not pub.is_main:
-        if error and not flight.abandon.asked:
+        if error and not flight.superseded:
             pub.event("upload_failed", step=step, error=error)
         return not failed
-    if failed and flight.abandon.asked:
+    if failed and flight.superseded:
         # Every rank gave it up for a stop's newer snapshot (``supersede_parts`` said so).
         pub.uploads.append(
             {"ok": False, "step": step, "error": "; ".join(failed), "superseded": True}

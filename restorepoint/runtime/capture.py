@@ -75,15 +75,22 @@ class Copies:
     the copy may take every core: on the 2-core VM of docs/performance.md, 3.75 GiB took 0.92
     s on two threads against 1.65 s on one."""
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, *, live: bool = False) -> None:
         self.threads = max(
             1, min(COPY_THREADS, os.cpu_count() or 1) if threads is None else threads
         )
+        #: A stop's snapshot (``ResumableRun.snapshot(live=True)``): training waits until the
+        #: process exits, so nothing changes the state while it is published, and a CPU
+        #: tensor that is one run of memory is published from its own memory, not a copy.
+        self.live = live
         self._cpu: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._other: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def add(self, source: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-        """The contiguous CPU tensor that will hold ``source`` (``into``, or a new one)."""
+        """The contiguous CPU tensor that will hold ``source`` (``into``, or a new one);
+        ``live``: ``source`` itself where it is one (no copy)."""
+        if self.live and source.device.type == "cpu" and source.is_contiguous():
+            return source
         if into is None:
             into = torch.empty(tuple(source.shape), dtype=source.dtype, device="cpu")
             size = into.numel() * into.element_size()
@@ -170,7 +177,7 @@ def storable(  # noqa: PLR0911, PLR0912 - a case per kind of value
                 "plain dtype (docs/adapters.md, 'What a snapshot stores')"
             )
         t = value.detach().resolve_conj().resolve_neg()
-        return copies.add(t) if buffers is None else buffers.take(t, copies)
+        return copies.add(t) if buffers is None or copies.live else buffers.take(t, copies)
     if value is None or isinstance(value, (bool, str)):
         if isinstance(value, str):
             try:

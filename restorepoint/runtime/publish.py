@@ -247,6 +247,14 @@ class Publisher:
         if figures is not None:
             self.event("upload_superseded", **figures)
 
+    def give_up(self, why: str) -> None:
+        """The run is being left after a stop whose publish did not land in time: the
+        publish in flight is given up at its next chunk, and any later one before its first
+        (nothing of either committed). A stop's snapshot is the tracked state's own memory
+        (``ResumableRun.snapshot(live=True)``), which nothing may go on reading once the run
+        is left. The snapshot file in the run directory is still written."""
+        self._flights.close(why)
+
     def _options(self) -> PackOptions:
         """The pack options of a publish that starts now: after a stop, which training waits
         for whole, on every core (``PackOptions.waited_for``); before, the run's."""
@@ -411,7 +419,7 @@ class Publisher:
             result = self._published(snap, memory, save, flight)
         except RestorePointError as exc:
             upload: dict[str, Any] = {"ok": False, "step": step, "error": str(exc)}
-            if flight is not None and flight.abandon.asked:
+            if flight is not None and flight.superseded:
                 # For a stop's newer snapshot (``supersede``, which said so): no failure.
                 upload["superseded"] = True
                 self.uploads.append(upload)

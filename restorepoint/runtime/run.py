@@ -275,7 +275,7 @@ class ResumableRun:
         self.worker: SnapshotWorker[Snapshot] = SnapshotWorker(
             self.publisher.save_and_publish,
             nice=background_nice,
-            done=lambda snap: self._buffers.give(snap.state),
+            done=lambda snap: None if snap.live else self._buffers.give(snap.state),
             prepare=self.publisher.prepare,
         )
 
@@ -561,13 +561,15 @@ class ResumableRun:
             snapshot, stop = bool(t[0]), bool(t[1])
         return snapshot, stop
 
-    def snapshot(self, wait: bool = False) -> float:
+    def snapshot(self, wait: bool = False, *, live: bool = False) -> float:
         """Copy the state to memory (the only pause), hand it to the background thread, and
-        return the pause in seconds. With ``wait``, also wait for it to be saved and uploaded."""
+        return the pause in seconds. With ``wait``, also wait for it to be saved and uploaded.
+        ``live`` (the stop's: training waits for the publish, then the process exits): the
+        CPU tensors are published from their own memory, not copied."""
         started = time.perf_counter()
         # Every tensor's copy is made together, once the whole state is known to be storable:
         # on a few threads, since training waits for all of it.
-        copies = Copies()
+        copies = Copies(live=live)
         state = {
             "config": self.config,
             "format": STATE_FORMAT,
@@ -585,7 +587,7 @@ class ResumableRun:
             "world_size": self._world,
         }
         copies.run()
-        snap = Snapshot(state, self.position, self._metrics, stepped_bytes(self.objects))
+        snap = Snapshot(state, self.position, self._metrics, stepped_bytes(self.objects), live=live)
         self._metrics = {}
         if self._world > 1:
             # Every rank's worker saves and publishes its part of each snapshot in the same

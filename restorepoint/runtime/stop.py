@@ -8,7 +8,10 @@ at an effective-batch boundary by every rank at the same step:
 2. the state at the stop is snapshotted, and the snapshot worker, at the process's priority,
    saves and publishes it; the stop waits for it up to ``upload_timeout`` (a periodic publish
    still in flight is abandoned where the store deadline holds the stop's publish but not
-   both, runtime/_inflight.py);
+   both, runtime/_inflight.py). Training waits until the process exits, so the snapshot is
+   the tracked state's own memory where that is a CPU tensor in one run of memory (no copy:
+   no pause for it, and no second copy of the state in memory); what is still in hand when
+   the run is left is given up (``finish_uploads``), so that nothing reads that memory after;
 3. the run's status becomes ``preempted`` (``failed`` past ``max_resubmit_attempts``), and the
    handlers that were installed before ours (submitit's requeue) run;
 4. rank 0 says so on stderr, in one line (where the restore point went, or that the store's
@@ -53,7 +56,7 @@ def stop(run: ResumableRun) -> NoReturn:
     # its parts in order): the choice to give that one up comes first.
     ranks = run._world > 1
     if not ranks:
-        run.snapshot()
+        run.snapshot(live=True)
     # One upload_timeout for the whole stop: __exit__ waits only for what is left of it.
     run._upload_deadline = time.monotonic() + run.upload_timeout
     # The store's retries too (storage/_retry.py): no wait past the deadline; under a
@@ -67,7 +70,7 @@ def stop(run: ResumableRun) -> NoReturn:
     run.publisher.supersede(run.step, run._control)
     wait = run.upload_timeout
     if ranks:
-        run.snapshot()
+        run.snapshot(live=True)
         wait = max(0.0, run._upload_deadline - time.monotonic())
     finished = run.wait(wait)
     over = limit is not None and run._resubmits > limit
@@ -142,17 +145,48 @@ def stop_message(why: str, step: int, where: str, over: str = "") -> str:
     return printable(f"restorepoint: stop ({why}) at step {step}: {where}{tail}")
 
 
+#: How long leaving a run after a stop whose publish missed ``upload_timeout`` waits for the
+#: end of that publish, given up, and of the snapshot file's write (``finish_uploads``).
+RELEASE_S = 30.0
+
+
 def finish_uploads(run: ResumableRun) -> None:
     """At the end of the run: wait for the uploads in hand, within what is left of a stop's
-    ``upload_timeout`` (the whole of it otherwise), then end the worker."""
+    ``upload_timeout`` (the whole of it otherwise), then end the worker.
+
+    After a stop, what is still in hand is given up: the stop's snapshot is the tracked
+    state's own memory (``snapshot(live=True)``), and a caller that catches the exit and
+    trains on would change it under a publish that still read it. The publish ends at its
+    next chunk, nothing of it committed (an S3 upload aborted), and leaving waits for that
+    and for the snapshot file's write, up to RELEASE_S."""
     timeout = run.upload_timeout
-    if run._upload_deadline is not None:
-        timeout = max(0.0, run._upload_deadline - time.monotonic())
-    if not run.wait(timeout):
+    deadline = run._upload_deadline
+    stopped = deadline is not None
+    if deadline is not None:
+        timeout = max(0.0, deadline - time.monotonic())
+    if run.wait(timeout):
+        run.worker.finish(0)
+        return
+    if not stopped:
         log.warning("an upload was still running after %.0f s; leaving it", run.upload_timeout)
         run._event("upload_abandoned", step=run.step)
         return
-    run.worker.finish(0)
+    log.warning(
+        "the stop's upload was still running after upload_timeout (%g s): giving it up",
+        run.upload_timeout,
+    )
+    run._event("upload_abandoned", step=run.step)
+    run.publisher.give_up(
+        f"given up: the stop's upload did not land within upload_timeout ({run.upload_timeout:g} s)"
+    )
+    if run.wait(RELEASE_S):
+        run.worker.finish(0)
+        return
+    log.warning(
+        "the stop's snapshot was still being read %g s after upload_timeout: the tracked "
+        "state must not change before this process exits",
+        RELEASE_S,
+    )
 
 
 def end_stop(run: ResumableRun) -> None:

@@ -61,6 +61,9 @@ class Snapshot:
     #: The bytes of the state that training changes at each step, as the tracked objects
     #: tell (``state.stepped_bytes``); None: not known.
     stepped: int | None = None
+    #: A stop's snapshot, whose CPU tensors are the tracked state's own (``Copies.live``):
+    #: never given back to be copied into.
+    live: bool = False
 
 
 class SnapshotWorker(Generic[T]):

@@ -136,3 +136,22 @@ def test_without_threads_the_copies_are_made_on_the_calling_thread(
     got = to_cpu(state, "state", copies=copies)
     copies.run()
     _same(state, got)
+
+
+def test_a_stop_s_snapshot_is_the_state_s_own_memory_where_that_is_one_run() -> None:
+    """``Copies(live=True)``, a stop's: training waits until the process exits, so a CPU
+    tensor in one run of memory is published from its own memory (no pause for a copy, no
+    second copy of the state), and the memory given back by the last snapshot is not
+    taken. A tensor that is not one run of memory is still copied, contiguous."""
+    state = _state()
+    buffers = Buffers()
+    kept = to_cpu(state, "state", buffers)
+    buffers.give(kept)
+    copies = Copies(2, live=True)
+    got = to_cpu(state, "state", buffers, copies)
+    copies.run()
+    _same(state, got)
+    assert got["big"] is state["big"] or got["big"].data_ptr() == state["big"].data_ptr()
+    assert got["nested"][1][0].data_ptr() == state["nested"][1][0].data_ptr()
+    assert got["strided"].data_ptr() not in _pointers(state)
+    assert not _pointers(got) & _pointers(kept)

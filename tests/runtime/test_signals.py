@@ -25,6 +25,7 @@ from restorepoint.errors import StorageUnavailable, UsageError  # noqa: E402
 from restorepoint.format import Position  # noqa: E402
 from restorepoint.ops import list_store  # noqa: E402
 from restorepoint.runtime import state as state_module  # noqa: E402
+from restorepoint.runtime.stop import RELEASE_S  # noqa: E402
 from restorepoint.runtime.worker import DEFAULT_NICE  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 
@@ -494,7 +495,12 @@ def test_a_stop_waits_for_the_upload_once_within_upload_timeout(
     real_publish = runtime_publish.publish
 
     def stuck_publish(*args: Any, **kwargs: Any) -> Any:
-        release.wait(60)
+        # Held until released, or until the publish is given up (its progress hook then
+        # raises at the first chunk).
+        token = kwargs.get("progress")
+        for _ in range(3000):
+            if release.wait(0.02) or (token is not None and token.asked):
+                break
         return real_publish(*args, **kwargs)
 
     timeouts: list[float | None] = []
@@ -522,12 +528,16 @@ def test_a_stop_waits_for_the_upload_once_within_upload_timeout(
     assert [e["step"] for e in kinds(run_dir, "upload_abandoned")] == [4]
     assert status(run_dir)["status"] == "preempted"
     assert (run_dir / "checkpoints" / "last.pt").exists()
-    # The stop's wait took the whole timeout; leaving the context only what was left of it.
-    first, second = timeouts
-    assert first == 0.3 and second is not None and second < first
-    # The upload was left running, not cancelled: once unblocked it publishes.
+    # The stop's wait took the whole timeout; leaving the context only what was left of it,
+    # and then, the upload given up, the time for it to end (at its first chunk).
+    first, second, third = timeouts
+    assert first == 0.3 and second is not None and second < first and third == RELEASE_S
+    # Given up as the run was left: the stop's snapshot is the tracked state's own memory,
+    # which nothing reads once the run is left. Nothing of it reaches the store.
     assert real_wait(out.run, 60)
-    assert [e.step for e in list_store(store)] == [4]
+    assert list_store(store) == []
+    (failed,) = kinds(run_dir, "upload_failed")
+    assert failed["step"] == 4 and "given up" in failed["error"]
 
 
 # -- failed uploads ----------------------------------------------------------------------

@@ -91,6 +91,45 @@ def test_a_stop_says_where_its_restore_point_went_and_leaves_its_marker(
     assert stopped_by_contract(stop_dir)
 
 
+def test_a_stops_snapshot_is_the_tracked_state_not_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A periodic snapshot is a copy (training goes on and changes the state); a stop's is
+    the tracked state's own memory, since training waits until the process exits: no pause
+    for a copy and no second copy of the state in memory. It is published as it stands, and
+    the run resumes from it bit for bit (the rest of this file and test_resume.py)."""
+    from restorepoint.runtime.worker import SnapshotWorker
+
+    seen: list[tuple[int, bool, bool]] = []
+    real_submit = SnapshotWorker.submit
+
+    def submit(self: Any, snap: Any) -> None:
+        weight = snap.state["objects"]["model"]["0.weight"]
+        model = out_run[0].objects["model"][0].weight
+        seen.append((snap.position.step, snap.live, weight.data_ptr() == model.data_ptr()))
+        real_submit(self, snap)
+
+    out_run: list[ResumableRun] = []
+
+    def hook(run: ResumableRun, step: int) -> None:
+        out_run[:] = [run]
+        if step == 3:
+            run.wait()  # step 2's publish done before the stop's snapshot (not coalesced)
+
+    monkeypatch.setattr(SnapshotWorker, "submit", submit)
+    store = f"{tmp_path / 'store'}/"
+    out = tv.train(
+        tmp_path / "runs",
+        config=tv.config_with(**{"train.snapshot_every": 2}),
+        store=store,
+        stop_at=3,
+        before_commit=hook,
+    )
+    assert out.code == 42
+    assert seen == [(2, False, False), (3, True, True)]
+    assert sorted(e.step for e in list_store(store)) == [2, 3]
+
+
 def test_the_stops_store_deadline_ends_with_the_run(tmp_path: Path) -> None:
     """A stop bounds the store's retries by its upload_timeout; once the run has exited, a
     process that goes on (a sweep, a notebook, this test suite) retries in full again."""
@@ -203,8 +242,11 @@ def test_a_publish_that_cannot_land_in_time_keeps_the_previous_restore_point(
     real_publish = runtime_publish.publish
 
     def stuck_after_the_first(*args: Any, **kwargs: Any) -> Any:
-        if list_store(store):
-            release.wait(60)
+        # Held until released, or until leaving the run gives it up.
+        token = kwargs.get("progress")
+        for _ in range(3000):
+            if not list_store(store) or release.wait(0.02) or (token and token.asked):
+                break
         return real_publish(*args, **kwargs)
 
     monkeypatch.setattr(runtime_publish, "publish", stuck_after_the_first)

@@ -63,10 +63,42 @@ class _LocalReader:
             fd = os.dup(self._file.fileno())
             stream = os.fdopen(fd, "rb", buffering=1 << 20)
             stream.seek(start)
-            return TranslatingStream(stream, self.url)  # type: ignore[return-value]
+            return TranslatingStream(_ReadAhead(stream, start), self.url)  # type: ignore[return-value]
 
     def close(self) -> None:
         self._file.close()
+
+
+#: How far ahead of a stream's reads the kernel is asked to read (``_ReadAhead``).
+READ_AHEAD = 64 << 20
+
+
+class _ReadAhead:
+    """A sequential read stream that keeps the kernel reading up to READ_AHEAD bytes ahead
+    of it (``posix_fadvise(WILLNEED)``, a window at a time): a payload read from a cold disk
+    then waits for the disk less, its chunks' decoding and hashing overlapping the reads
+    instead of alternating with them (a resume of 1 GiB from a cold local store: 0.94 to
+    0.99 s against 0.99 to 1.62 s, docs/performance.md). Nothing is held beyond the page
+    cache, which the kernel reclaims as it needs."""
+
+    def __init__(self, inner: BinaryIO, start: int) -> None:
+        self._inner = inner
+        self._position = start
+        self._advised = start
+        self._advise = hasattr(os, "posix_fadvise")
+
+    def read(self, n: int = -1) -> bytes:
+        if self._advise and self._position + READ_AHEAD // 2 >= self._advised:
+            start = max(self._advised, self._position)
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self._inner.fileno(), start, READ_AHEAD, os.POSIX_FADV_WILLNEED)
+            self._advised = start + READ_AHEAD
+        data = self._inner.read(n)
+        self._position += len(data)
+        return data
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 class _LocalPublisher:

@@ -4,6 +4,7 @@ rename that replaces a symlink rather than writing through it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
@@ -119,6 +120,47 @@ def test_reader_keeps_reading_the_object_it_opened(tmp_path: Path) -> None:
     finally:
         reader.close()
     assert final.read_bytes() == new
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")
+def test_a_stream_asks_the_kernel_to_read_ahead_of_it_a_window_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A payload stream keeps the kernel reading ahead of it (WILLNEED, a window at a time,
+    half a window before it is needed), so that reading a cold file overlaps its decoding.
+    What it reads is the file's bytes from where it starts, whatever the read sizes."""
+    from restorepoint.storage import _local
+
+    monkeypatch.setattr(_local, "READ_AHEAD", 64 << 10)
+    advised: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    data = payload(300_000, seed=3)
+    final = tmp_path / "object.rp"
+    final.write_bytes(data)
+    reader = resolve(str(final)).reader()
+    try:
+        stream = reader.open_stream(1000)
+        got = [stream.read(n) for n in (10, 40_000, 1, 100_000, 7_000)]
+        while chunk := stream.read(20_000):  # a payload's reads: a chunk at a time
+            got.append(chunk)
+        stream.close()
+    finally:
+        reader.close()
+    assert b"".join(got) == data[1000:]
+    # Windows of READ_AHEAD, one after another from where the stream starts, up to its end
+    # (a read longer than half a window, 100,000 bytes here, may outrun one).
+    window = 64 << 10
+    assert advised[0] == (1000, window)
+    assert all(length == window for _, length in advised)
+    assert all(a[0] + window <= b[0] for a, b in itertools.pairwise(advised))
+    assert advised[-1][0] + window >= len(data)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")

@@ -304,7 +304,7 @@ class AccelerateRun(Processes):
             url = self._publish(job.files, job.head, index, job.stepped, flight)
         except Exception as exc:
             upload: dict[str, Any] = {"step": job.step, "ok": False, "error": str(exc)}
-            superseded = flight is not None and flight.abandon.asked
+            superseded = flight is not None and flight.superseded
             if superseded:
                 upload["superseded"] = True
             self.uploads.append(upload)

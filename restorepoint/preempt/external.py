@@ -251,7 +251,7 @@ class ExternalLoop:
             )
             self._verify(result)
         except RestorePointError as exc:
-            if flight.abandon.asked:
+            if flight.superseded:
                 # For a newer snapshot, which ``upload_superseded`` named: no failure.
                 log.info("the snapshot at step %d was not published: %s", snap.step, exc)
                 return

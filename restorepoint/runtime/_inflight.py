@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from ..ops._abandon import Abandon
 from ..storage import deadline_left
 
-__all__ = ["RECENT", "SAFETY", "Flights", "InFlight", "agreed", "estimate", "supersedes"]
+__all__ = ["RECENT", "SAFETY", "Flights", "InFlight", "agreed", "estimate"]
 
 #: The run's publishes the estimate looks back on, and the factor on the slowest of them.
 RECENT = 5
@@ -54,23 +54,10 @@ class InFlight:
         return self.abandon.asked and not self.closed
 
 
-def supersedes(
-    *, elapsed: float, estimate: float | None, left: float | None, margin: float
-) -> bool:
-    """Whether a stop's newer snapshot supersedes the publish in flight: ``elapsed``, the
-    seconds that one has run; ``estimate``, the seconds a publish of the run takes (None: no
-    publish of it has landed yet, and nothing is known); ``left``, the seconds before the
-    store deadline (None: there is none); ``margin``, the seconds to keep in hand. Only where
-    the stop's publish fits the time left and the rest of the one in flight followed by the
-    stop's does not. A publish in flight past its estimate is taken to be about to land."""
-    if estimate is None or left is None:
-        return False
-    return _worth(max(0.0, estimate - elapsed), estimate, left - margin)
-
-
 def _worth(rest: float, estimate: float, room: float) -> bool:
-    """The rule: the stop's publish fits ``room``, the rest of the one in flight followed by
-    the stop's does not."""
+    """The rule: the stop's publish (``estimate``) fits ``room`` (the time left less the
+    margin), the ``rest`` of the one in flight followed by the stop's does not. A publish in
+    flight past its estimate has no rest: it is taken to be about to land."""
     return estimate <= room < rest + estimate
 
 
@@ -169,32 +156,22 @@ class Flights:
         flight.abandon.ask(
             f"abandoned for the snapshot at step {newer}: the {figures['deadline_left_s']:.1f} "
             f"s before the store deadline hold its publish (at most "
-            f"{figures['estimate_s']:.1f} s on the slowest rank), not this one's rest before it"
+            f"{figures['estimate_s']:.1f} s), not this one's rest before it"
         )
         return True
 
-    def supersede(self, newer: int, margin: float) -> dict[str, float] | None:
+    def supersede(
+        self,
+        newer: int,
+        margin: float,
+        views: Sequence[Mapping[str, float] | None] | None = None,
+    ) -> dict[str, float] | None:
         """A newer snapshot, at step ``newer``, waits (a stop's, or one under a store
-        deadline): abandon the publish in flight where ``supersedes`` says so, from
-        ``estimate`` of the times the publishes took. The figures the choice was made on, for
-        the caller's event; None where the publish in flight (if any) goes on."""
-        flight = self.flight
-        if flight is None or flight.step >= newer:
+        deadline): abandon the publish in flight where ``agreed`` says so, on this worker's
+        own ``view``, or on every rank's ``views`` (with a process group, gathered by the
+        caller). The figures the choice was made on (with ``by``), for the caller's event;
+        None where the publish in flight (if any) goes on."""
+        figures = agreed([self.view(newer)] if views is None else views, margin)
+        if figures is None or not self.give_up(newer, figures):
             return None
-        guess = estimate(self._took)
-        elapsed, left = time.monotonic() - flight.started, deadline_left()
-        if not supersedes(elapsed=elapsed, estimate=guess, left=left, margin=margin):
-            return None
-        assert guess is not None
-        assert left is not None
-        flight.abandon.ask(
-            f"abandoned for the snapshot at step {newer}: the {left:.1f} s before the store "
-            f"deadline hold its publish (at most {guess:.1f} s), not this one's rest before it"
-        )
-        return {
-            "step": flight.step,
-            "by": newer,
-            "elapsed_s": round(elapsed, 3),
-            "estimate_s": round(guess, 3),
-            "deadline_left_s": round(left, 3),
-        }
+        return {**figures, "by": newer}

@@ -13,7 +13,7 @@ import torch
 from ..errors import RestorePointError
 from ..format import PartRef
 from ..ops.parts import CommitPlan, publish_commit, publish_part
-from ._inflight import InFlight, agreed
+from ._inflight import InFlight
 from .contract import POSITION_FILE
 from .state import remove_other_shared, shared_file, split_shared, state_digest
 from .worker import Snapshot
@@ -53,14 +53,11 @@ def save_and_publish_part(pub: Publisher, snap: Snapshot) -> None:
 def supersede_parts(pub: Publisher, newer: int, group: Any) -> dict[str, float] | None:
     """A stop's snapshot at step ``newer``, on every rank's training thread at the same
     boundary (a collective on ``group``): every rank's view of its part in flight gathered,
-    and where ``agreed`` says so, every rank gives it up. The figures the choice was made on
-    (with ``by``), or None."""
+    and where they agree (``Flights.supersede``), every rank gives it up. The figures the
+    choice was made on (with ``by``), or None."""
     views: list[Any] = [None] * pub.world
     torch.distributed.all_gather_object(views, pub._flights.view(newer), group=group)
-    figures = agreed(views, pub.options.deadline_margin)
-    if figures is None or not pub._flights.give_up(newer, figures):
-        return None
-    return {**figures, "by": newer}
+    return pub._flights.supersede(newer, pub.options.deadline_margin, views)
 
 
 def _job(pub: Publisher, snap: Snapshot, flight: InFlight) -> bool:

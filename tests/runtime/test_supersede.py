@@ -22,7 +22,7 @@ from restorepoint.ops import HeadSpec, PackOptions  # noqa: E402
 from restorepoint.ops._abandon import Abandon  # noqa: E402
 from restorepoint.ops._publish_child import _Child  # noqa: E402
 from restorepoint.ops.publish import publish  # noqa: E402
-from restorepoint.runtime._inflight import RECENT, SAFETY, Flights, estimate, supersedes  # noqa: E402
+from restorepoint.runtime._inflight import RECENT, SAFETY, Flights, agreed, estimate  # noqa: E402
 from restorepoint.storage import store_deadline  # noqa: E402
 from restorepoint.torch import ResumableRun  # noqa: E402
 
@@ -45,7 +45,32 @@ CONFIG = {"lr": 0.01, "seed": 5}
 def test_the_stops_snapshot_supersedes_only_where_it_alone_fits(
     elapsed: float, estimate: float | None, left: float | None, expected: bool
 ) -> None:
-    assert supersedes(elapsed=elapsed, estimate=estimate, left=left, margin=1.0) is expected
+    # One worker's view (``Flights.view``: None where nothing is known or there is no
+    # deadline), as its own ``supersede`` judges it.
+    view = (
+        None
+        if estimate is None or left is None
+        else {"step": 7, "elapsed_s": elapsed, "estimate_s": estimate, "deadline_left_s": left}
+    )
+    assert (agreed([view], margin=1.0) is not None) is expected
+
+
+def test_ranks_give_up_together_on_the_slowest_ranks_figures() -> None:
+    """A commit lands with its slowest part: the longest estimate, the longest rest and the
+    shortest time left decide, and only where every rank has the same step in flight."""
+
+    def view(elapsed: float, guess: float, left: float, step: int = 7) -> dict[str, float]:
+        return {"step": step, "elapsed_s": elapsed, "estimate_s": guess, "deadline_left_s": left}
+
+    # Alone, rank 0 would keep both (3.5 + 4 <= 30 - 1); rank 1 has 8 s left: only the stop's.
+    figures = agreed([view(0.5, 4.0, 30.0), view(0.5, 4.0, 8.0)], margin=1.0)
+    assert figures == {"step": 7, "elapsed_s": 0.5, "estimate_s": 4.0, "deadline_left_s": 8.0}
+    # Rank 1's publishes take 8 s: not even the stop's fits 7 s of room on it.
+    assert agreed([view(0.5, 4.0, 8.0), view(0.5, 8.0, 8.0)], margin=1.0) is None
+    # A rank with nothing known, or another step in flight: none gives up.
+    assert agreed([view(0.5, 4.0, 8.0), None], margin=1.0) is None
+    assert agreed([view(0.5, 4.0, 8.0), view(0.5, 4.0, 8.0, step=6)], margin=1.0) is None
+    assert agreed([], margin=1.0) is None
 
 
 def test_a_publish_is_estimated_at_half_again_the_slowest_of_the_runs_last_five() -> None:

@@ -406,7 +406,7 @@ class RestorePointCallback(TrainerCallback):
                         self._record("prune_failed", step=job.step, error=str(result.prune_error))
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
-                    superseded = flight is not None and flight.abandon.asked
+                    superseded = flight is not None and flight.superseded
                     # Abandoned for the stop's checkpoint, which said so: no failure.
                     (log.info if superseded else log.error)(
                         "publishing checkpoint-%d failed: %s; the store's previous restore "
